@@ -1,0 +1,1 @@
+"""One WebSocket session: protocol, buffers, filter, decoding, warmup and turns."""

@@ -1,0 +1,67 @@
+"""livesight's error codes and the one exception type that carries them.
+
+The session core raises ``SessionError``; the connection boundary turns each into exactly
+one ``error`` event. Any other exception is a bug: it is logged with its traceback and the
+client gets a generic message.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    CONFIG_TIMEOUT = "config_timeout"
+    INVALID_CONFIG = "invalid_config"
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID_IMAGE = "invalid_image"
+    FRAME_TOO_LARGE = "frame_too_large"
+    INVALID_AUDIO = "invalid_audio"
+    AUDIO_OVERFLOW = "audio_overflow"
+    NO_FRAMES = "no_frames"
+    ENGINE_ERROR = "engine_error"
+    IDLE_TIMEOUT = "idle_timeout"
+    TOO_MANY_SESSIONS = "too_many_sessions"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN_ORIGIN = "forbidden_origin"
+    INTERNAL_ERROR = "internal_error"
+
+
+#: Codes after which the server closes the connection.
+CLOSING_CODES = frozenset(
+    {
+        ErrorCode.CONFIG_TIMEOUT,
+        ErrorCode.INVALID_CONFIG,
+        ErrorCode.IDLE_TIMEOUT,
+        ErrorCode.TOO_MANY_SESSIONS,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.FORBIDDEN_ORIGIN,
+    }
+)
+
+#: WebSocket close codes used with the closing errors.
+CLOSE_CODES = {
+    ErrorCode.CONFIG_TIMEOUT: 1008,
+    ErrorCode.INVALID_CONFIG: 1008,
+    ErrorCode.IDLE_TIMEOUT: 1000,
+    ErrorCode.TOO_MANY_SESSIONS: 1013,
+    ErrorCode.UNAUTHORIZED: 1008,
+    ErrorCode.FORBIDDEN_ORIGIN: 1008,
+}
+
+
+class SessionError(Exception):
+    """A problem the client should hear about, with a stable code and a safe message."""
+
+    def __init__(self, code: ErrorCode, message: str, *, frame_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.frame_id = frame_id
+
+    @property
+    def closes_session(self) -> bool:
+        """True when the session ends after this error is sent."""
+        return self.code in CLOSING_CODES

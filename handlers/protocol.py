@@ -1,0 +1,325 @@
+"""Protocol v1: every message on ``/v1/video/chat/stream``, as typed events.
+
+Client -> server (JSON text messages, each an object with a ``type``):
+
+    session.config   first message: model, modalities, num_frames, max_frames, system_prompt,
+                     use_audio_in_video, enable_frame_filter, frame_filter_threshold, sampling,
+                     sampling_params_list, voice, frame_timestamps, prefix_warmup
+                     (aliases: num_sample_frames, evs_enabled, evs_threshold)
+    video.frame      data (base64 JPEG/PNG/WebP), frame_id, pts_ms, source_pts_ms,
+                     capture_ts_ms, quality_profile
+    audio.chunk      data (base64 PCM16 LE, 16 kHz, mono)
+    video.query      text, audio_data
+    response.cancel  stop the running answer
+    video.done       finish after the running answer
+    ping
+
+Server -> client:
+
+    session.ready, video.frame.ack, video.frames.consumed, response.start,
+    response.text.delta, response.text.done, response.output_audio.delta,
+    response.output_audio.done, response.done, session.done, error, pong
+
+Incoming messages are parsed once, here, by ``parse_client_event``; outgoing events are
+built as models and serialised by ``encode``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from handlers.errors import ErrorCode, SessionError
+
+FrameId = str | int
+
+# --------------------------------------------------------------------------- client events
+
+
+class _ClientEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SamplingConfig(BaseModel):
+    """Sampling for the text stage. ``temperature`` 0 is greedy."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(128, ge=1, le=4096)
+    seed: int | None = None
+
+
+_ALIASES = {
+    "num_sample_frames": "num_frames",
+    "evs_enabled": "enable_frame_filter",
+    "evs_threshold": "frame_filter_threshold",
+}
+
+
+class SessionConfig(_ClientEvent):
+    """``session.config``: the first message of every session."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: Literal["session.config"] = "session.config"
+    model: str | None = None
+    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
+    num_frames: int = Field(4, ge=1, le=128)
+    max_frames: int = Field(50, ge=1, le=256)
+    system_prompt: str | None = Field(None, max_length=20_000)
+    use_audio_in_video: bool = True
+    enable_frame_filter: bool = True
+    frame_filter_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    sampling_params_list: list[dict[str, Any]] | None = None
+    voice: str | None = None
+    frame_timestamps: bool = True
+    prefix_warmup: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_aliases(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for legacy, name in _ALIASES.items():
+            if legacy in data:
+                value = data.pop(legacy)
+                data.setdefault(name, value)
+        stages = data.get("sampling_params_list")
+        if isinstance(stages, list) and stages and isinstance(stages[0], dict):
+            # vLLM-Omni's per-stage form: the first stage is the text stage. Fields the
+            # client also gave in `sampling` win.
+            text_stage = {k: v for k, v in stages[0].items() if k in SamplingConfig.model_fields}
+            explicit = data.get("sampling") if isinstance(data.get("sampling"), dict) else {}
+            data["sampling"] = {**text_stage, **explicit}
+        return data
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_first(cls, value: list[str]) -> list[str]:
+        if "text" not in value:
+            raise ValueError('modalities must include "text"')
+        return list(dict.fromkeys(value))
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """Fields the client sent that this server does not know."""
+        return sorted(self.model_extra or {})
+
+
+class VideoFrame(_ClientEvent):
+    type: Literal["video.frame"]
+    data: str
+    frame_id: FrameId | None = None
+    pts_ms: float | None = None
+    source_pts_ms: float | None = None
+    capture_ts_ms: float | None = None
+    quality_profile: str | None = None
+
+
+class AudioChunkIn(_ClientEvent):
+    type: Literal["audio.chunk"]
+    data: str
+
+
+class VideoQuery(_ClientEvent):
+    type: Literal["video.query"]
+    text: str = Field("", max_length=20_000)
+    audio_data: str | None = None
+
+
+class ResponseCancel(_ClientEvent):
+    type: Literal["response.cancel"]
+
+
+class VideoDone(_ClientEvent):
+    type: Literal["video.done"]
+
+
+class Ping(_ClientEvent):
+    type: Literal["ping"]
+
+
+ClientEvent = Annotated[
+    VideoFrame | AudioChunkIn | VideoQuery | ResponseCancel | VideoDone | Ping | SessionConfig,
+    Field(discriminator="type"),
+]
+_client_event = TypeAdapter(ClientEvent)
+CLIENT_TYPES = frozenset(
+    {"session.config", "video.frame", "audio.chunk", "video.query", "response.cancel", "video.done", "ping"}
+)
+
+
+def parse_client_event(raw: str | bytes) -> ClientEvent:
+    """Parse one WebSocket message into a client event.
+
+    Raises ``SessionError`` with ``invalid_json``, ``invalid_message`` or ``unknown_type``.
+    """
+    if isinstance(raw, bytes):
+        raise SessionError(ErrorCode.INVALID_MESSAGE, "binary messages are not supported; send JSON text")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise SessionError(ErrorCode.INVALID_JSON, "message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise SessionError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise SessionError(ErrorCode.INVALID_MESSAGE, 'message has no string "type"')
+    if kind not in CLIENT_TYPES:
+        raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:64]!r}")
+    try:
+        return _client_event.validate_python(obj)
+    except ValidationError as exc:
+        code = ErrorCode.INVALID_CONFIG if kind == "session.config" else ErrorCode.INVALID_MESSAGE
+        raise SessionError(code, f"{kind}: {describe_validation_error(exc)}") from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """A short, client-safe summary of what was wrong with which fields."""
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"] if p not in {"session.config"}) or "message"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- server events
+
+
+class ServerEvent(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class SessionReady(ServerEvent):
+    type: Literal["session.ready"] = "session.ready"
+    session_id: str
+    config: dict[str, Any]
+    limits: dict[str, Any]
+    capabilities: dict[str, Any]
+    ignored_fields: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class FrameAck(ServerEvent):
+    type: Literal["video.frame.ack"] = "video.frame.ack"
+    frame_id: FrameId | None
+    pts_ms: float | None = None
+    capture_ts_ms: float | None = None
+    accepted: bool
+    buffered_frames: int
+    server_receive_ts_ms: float
+    reason: Literal["filtered"] | None = None
+    similarity: float | None = None
+    dropped_frame_id: FrameId | None = None
+    dropped_frame_ids: list[FrameId] = Field(default_factory=list)
+
+
+class ConsumedFrame(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    frame_id: FrameId | None
+    seq: int
+    pts_ms: float | None = None
+    source_pts_ms: float | None = None
+    capture_ts_ms: float | None = None
+    server_receive_ts_ms: float
+    decoded_ts_ms: float | None = None
+    decode_ms: float | None = None
+    timestamp_s: float
+
+
+class FramesConsumed(ServerEvent):
+    type: Literal["video.frames.consumed"] = "video.frames.consumed"
+    request_id: str
+    frame_ids: list[FrameId | None]
+    frames: list[ConsumedFrame]
+    latest_pts_ms: float | None = None
+
+
+class ResponseStart(ServerEvent):
+    type: Literal["response.start"] = "response.start"
+    request_id: str
+
+
+class ResponseTextDelta(ServerEvent):
+    type: Literal["response.text.delta"] = "response.text.delta"
+    request_id: str
+    delta: str
+
+
+class ResponseTextDone(ServerEvent):
+    type: Literal["response.text.done"] = "response.text.done"
+    request_id: str
+    text: str
+
+
+class ResponseAudioDelta(ServerEvent):
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    request_id: str
+    data: str
+    format: Literal["wav"] = "wav"
+
+
+class ResponseAudioDone(ServerEvent):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+    request_id: str
+
+
+class UsageInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Timings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ttft_ms: float | None = None
+    first_audio_ms: float | None = None
+    total_ms: float
+
+
+class ResponseDone(ServerEvent):
+    type: Literal["response.done"] = "response.done"
+    request_id: str
+    status: Literal["completed", "interrupted", "failed"]
+    finish_reason: str | None = None
+    usage: UsageInfo = Field(default_factory=UsageInfo)
+    timings: Timings
+
+
+class SessionDone(ServerEvent):
+    type: Literal["session.done"] = "session.done"
+
+
+class ErrorEvent(ServerEvent):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    frame_id: FrameId | None = None
+    closes_session: bool = False
+
+
+class Pong(ServerEvent):
+    type: Literal["pong"] = "pong"
+
+
+def encode(event: ServerEvent) -> str:
+    """Serialise a server event to the JSON text sent on the socket."""
+    return event.model_dump_json(exclude_none=False)

@@ -1,0 +1,23 @@
+"""The session's view of its socket: receive text, send text, close."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Disconnected(Exception):
+    """The client went away."""
+
+
+class Transport(Protocol):
+    async def receive(self) -> str | bytes:
+        """Next message. Raises ``Disconnected``."""
+        ...
+
+    async def send(self, text: str) -> None:
+        """Send one text message. Raises ``Disconnected``."""
+        ...
+
+    async def close(self, code: int = 1000) -> None:
+        """Close the connection (idempotent)."""
+        ...

@@ -1,0 +1,1 @@
+"""livesight: a server that watches live video and answers questions about it."""

@@ -1,0 +1,129 @@
+"""The FastAPI application: the WebSocket route, health, metrics and the browser client."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from handlers import blocking
+from handlers.core import Limits
+from handlers.errors import CLOSE_CODES, ErrorCode
+from handlers.frames import live_frame_count
+from handlers.protocol import ErrorEvent, encode
+from handlers.session import Session
+from handlers.transport import Disconnected
+from server.engines import create_engine
+from server.engines.base import Engine
+from server.settings import Settings
+
+log = logging.getLogger("livesight.server")
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+WS_PATH = "/v1/video/chat/stream"
+
+
+class WebSocketTransport:
+    """Starlette's WebSocket as a session ``Transport``."""
+
+    def __init__(self, ws: WebSocket, max_message_bytes: int) -> None:
+        self.ws = ws
+        self.max_message_bytes = max_message_bytes
+
+    async def receive(self) -> str | bytes:
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            raise Disconnected
+        if message.get("text") is not None:
+            return message["text"]
+        return message.get("bytes") or b""
+
+    async def send(self, text: str) -> None:
+        if self.ws.application_state is not WebSocketState.CONNECTED:
+            raise Disconnected
+        try:
+            await self.ws.send_text(text)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise Disconnected from exc
+
+    async def close(self, code: int = 1000) -> None:
+        if self.ws.application_state is WebSocketState.CONNECTED:
+            try:
+                await self.ws.close(code)
+            except (RuntimeError, OSError):
+                pass  # already closing from the client side
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    """Build the app. Without ``engine``, the one named by ``settings`` is created at start-up."""
+    sessions: set[Session] = set()
+    blocking.configure(settings.decode_threads)
+    limits = Limits(
+        max_frame_bytes=settings.max_frame_bytes,
+        max_audio_bytes=settings.max_audio_bytes,
+        max_queue=settings.max_queue,
+        idle_timeout_s=settings.idle_timeout_s,
+        max_history_turns=settings.max_history_turns,
+        max_answer_tokens=settings.max_answer_tokens,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.engine = engine or create_engine(settings)
+        await app.state.engine.start()
+        log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
+        try:
+            yield
+        finally:
+            await app.state.engine.close()
+
+    app = FastAPI(title="livesight", lifespan=lifespan)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "engine": app.state.engine.capabilities.__dict__, "sessions": len(sessions)}
+
+    @app.get("/metrics")
+    async def metrics() -> JSONResponse:
+        gc.collect()
+        return JSONResponse(
+            {
+                "sessions": len(sessions),
+                "frames_live": live_frame_count(),
+                "tasks": len(asyncio.all_tasks()),
+                "engine": getattr(app.state.engine, "stats", lambda: {})(),
+            }
+        )
+
+    @app.websocket(WS_PATH)
+    async def stream(ws: WebSocket) -> None:
+        await ws.accept()
+        transport = WebSocketTransport(ws, settings.max_message_bytes)
+        if len(sessions) >= settings.max_sessions:
+            await _refuse(transport, ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {settings.max_sessions} sessions")
+            return
+        session = Session(transport, app.state.engine, limits, settings.config_timeout_s)
+        sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            sessions.discard(session)
+
+    if STATIC_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
+    return app
+
+
+async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str) -> None:
+    try:
+        await transport.send(encode(ErrorEvent(code=code.value, message=message, closes_session=True)))
+    except Disconnected:
+        return
+    await transport.close(CLOSE_CODES[code])

@@ -1,0 +1,157 @@
+"""The engine interface: what the session core asks of a model.
+
+A prompt is a list of segments (text, image, audio). An engine turns it into its own
+inputs; two prompts that share leading segments share a prefix, which an engine with
+``warm_prefix`` keeps cached between calls for the same session.
+
+Engine output is normalised into three event types: ``TextDelta``, ``AudioChunk`` and
+``Finished`` (always last). Engine failures surface as ``EngineError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from PIL import Image
+
+
+@dataclass(frozen=True, slots=True)
+class TextSegment:
+    """Plain prompt text (already rendered by the prompt builder)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSegment:
+    """One decoded frame. ``key`` is the content hash: the image's identity for caches."""
+
+    key: str
+    image: Image.Image = field(compare=False, repr=False)
+    jpeg: bytes | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioSegment:
+    """PCM16 little-endian mono audio at 16 kHz."""
+
+    key: str
+    pcm16: bytes = field(compare=False, repr=False)
+
+
+Segment = TextSegment | ImageSegment | AudioSegment
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """One message of the conversation: role plus its segments in order."""
+
+    role: Literal["system", "user", "assistant"]
+    segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A whole conversation to be continued by the assistant.
+
+    ``open_turn`` marks that the last user turn is not finished (a warm prefix):
+    the engine renders it without closing the turn or adding a generation prompt.
+    """
+
+    turns: tuple[ChatTurn, ...]
+    open_turn: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters; ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an engine can do; sent to clients in ``session.ready``."""
+
+    name: str
+    model: str
+    audio_output: bool = False
+    audio_input: bool = False
+    warm_prefix: bool = False
+    max_image_side: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of generated text (never a broken UTF-8 character)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """Generated speech: a complete WAV file (24 kHz mono PCM16)."""
+
+    wav: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Last event of every generation."""
+
+    finish_reason: Literal["stop", "length", "abort"]
+    usage: Usage
+
+
+EngineEvent = TextDelta | AudioChunk | Finished
+
+
+class EngineError(Exception):
+    """The engine could not serve a request. The message is safe to log, not to send."""
+
+
+class Engine(ABC):
+    """A model behind five calls. Implementations must be safe to call from one event loop
+    for many sessions at once."""
+
+    capabilities: Capabilities
+
+    async def start(self) -> None:
+        """Load the model. Raises ``EngineError`` if it cannot be loaded."""
+
+    async def close(self) -> None:
+        """Release the model and every session's cache."""
+
+    @abstractmethod
+    def generate(
+        self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
+    ) -> AsyncIterator[EngineEvent]:
+        """Stream the answer to ``prompt``; the last event is ``Finished``.
+
+        Closing the iterator early (or cancelling the task consuming it) aborts the request
+        within one decoding step. Raises ``EngineError``.
+        """
+
+    async def prefill(self, session_id: str, prompt: Prompt) -> int:
+        """Extend the session's cached prefix to cover ``prompt`` (an open turn).
+
+        Returns how many prompt tokens are now cached. Cancelling it is safe: whatever was
+        cached before stays valid. Engines without ``warm_prefix`` return 0.
+        """
+        return 0
+
+    async def release(self, session_id: str) -> None:
+        """Forget everything cached for a session (it has ended)."""

@@ -1,0 +1,179 @@
+"""Turning a ``Prompt`` into model inputs, piece by piece.
+
+The chat template renders the conversation once; the rendered text is split at the image
+placeholders, every text piece is tokenized alone and every image is expanded by the
+model's processor. Because pieces are tokenized independently, a prompt that extends
+another (more frames, then a question) yields a token sequence that extends the other's:
+that is what lets a KV cache be reused.
+
+Positions are computed here too. Plain decoders use 0..n-1. The Qwen2-VL family uses
+multimodal rotary positions (three rows: time, height, width): text advances all three
+rows together; an image's tokens take their grid coordinates offset by the position at
+which the image starts, and the text after it resumes at one past the largest.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from server.engines.base import AudioSegment, ImageSegment, Prompt, TextSegment
+
+_CUT = "\u0000livesight-cut\u0000"
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A run of prompt tokens. Image pieces carry their processor outputs and are atomic:
+    a cache may end before or after one, never inside it."""
+
+    ids: tuple[int, ...]
+    image_key: str | None = None
+    image_inputs: dict[str, torch.Tensor] | None = None
+    grid: tuple[int, int, int] | None = None  # (t, h, w) in language-model tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFamily:
+    """How one model family marks images in its chat template."""
+
+    placeholder: str  # what the template renders for one image
+    processor_text: str  # what to hand the processor so it expands one image
+    mrope: bool
+
+
+FAMILIES = {
+    "qwen2_vl": ImageFamily("<|image_pad|>", "<|image_pad|>", mrope=True),
+    "plain": ImageFamily("<image>", "<image>", mrope=False),
+}
+
+
+class PromptEncoder:
+    """Renders prompts with the model's chat template and encodes them into pieces."""
+
+    def __init__(self, processor: Any, family: str, image_cache_size: int = 512) -> None:
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.family = FAMILIES[family]
+        self.merge = int(getattr(processor.image_processor, "merge_size", 1) or 1)
+        self._images: OrderedDict[str, Piece] = OrderedDict()
+        self._image_cache_size = image_cache_size
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, prompt: Prompt) -> list[str | ImageSegment]:
+        """Return the prompt as text runs and images, in order."""
+        messages, images = [], []
+        for index, turn in enumerate(prompt.turns):
+            parts: list[dict[str, str]] = []
+            for seg in turn.segments:
+                if isinstance(seg, TextSegment):
+                    parts.append({"type": "text", "text": seg.text})
+                elif isinstance(seg, ImageSegment):
+                    parts.append({"type": "image"})
+                    images.append(seg)
+                elif isinstance(seg, AudioSegment):
+                    continue  # this engine takes no audio input
+            if prompt.open_turn and index == len(prompt.turns) - 1:
+                parts.append({"type": "text", "text": _CUT})
+            messages.append({"role": turn.role, "content": parts})
+        text = self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=not prompt.open_turn
+        )
+        if prompt.open_turn:
+            text = text[: text.index(_CUT)]
+        chunks = text.split(self.family.placeholder)
+        if len(chunks) != len(images) + 1:
+            raise ValueError("the chat template did not render one placeholder per image")
+        out: list[str | ImageSegment] = []
+        for chunk, image in zip(chunks, images + [None]):
+            if chunk:
+                out.append(chunk)
+            if image is not None:
+                out.append(image)
+        return out
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, prompt: Prompt) -> list[Piece]:
+        """Return the prompt's pieces (text runs and images)."""
+        pieces = []
+        for item in self.render(prompt):
+            if isinstance(item, str):
+                ids = self.tokenizer(item, add_special_tokens=False)["input_ids"]
+                pieces.append(Piece(tuple(ids)))
+            else:
+                pieces.append(self.image_piece(item))
+        return pieces
+
+    def image_piece(self, image: ImageSegment) -> Piece:
+        """Processor outputs for one image, cached by content key."""
+        cached = self._images.get(image.key)
+        if cached is not None:
+            self._images.move_to_end(image.key)
+            return cached
+        out = self.processor(
+            text=[self.family.processor_text],
+            images=[[image.image]] if not self.family.mrope else [image.image],
+            return_tensors="pt",
+            add_special_tokens=False,
+        )
+        ids = tuple(int(i) for i in out["input_ids"][0])
+        inputs = {k: v for k, v in out.items() if k not in {"input_ids", "attention_mask", "mm_token_type_ids"}}
+        grid = None
+        if "image_grid_thw" in out:
+            t, h, w = (int(v) for v in out["image_grid_thw"][0])
+            grid = (t, h // self.merge, w // self.merge)
+        piece = Piece(ids, image_key=image.key, image_inputs=inputs, grid=grid)
+        self._images[image.key] = piece
+        while len(self._images) > self._image_cache_size:
+            self._images.popitem(last=False)
+        return piece
+
+    # ------------------------------------------------------------------ positions
+    def position_ids(self, pieces: list[Piece], start: int) -> tuple[torch.Tensor, int]:
+        """Position ids for ``pieces`` placed after a cache whose next position is ``start``.
+
+        Returns ``(position_ids, next_position)``; ``position_ids`` is (3, 1, n) for mrope
+        models and (1, n) otherwise.
+        """
+        if not self.family.mrope:
+            n = sum(len(p.ids) for p in pieces)
+            return torch.arange(start, start + n).unsqueeze(0), start + n
+        rows: list[torch.Tensor] = []
+        pos = start
+        image_token = self.processor.image_token_id
+        for piece in pieces:
+            if piece.grid is None:
+                n = len(piece.ids)
+                rows.append(torch.arange(pos, pos + n).expand(3, n))
+                pos += n
+                continue
+            # text tokens around the image pads (vision_start/end) advance as text
+            ids = torch.tensor(piece.ids)
+            is_pad = ids == image_token
+            col = torch.empty(3, len(piece.ids), dtype=torch.long)
+            t, h, w = piece.grid
+            grid = torch.stack(
+                torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+            ).reshape(3, -1)
+            k = 0
+            pad_positions = torch.nonzero(is_pad).flatten()
+            if len(pad_positions) != t * h * w:
+                raise ValueError("image token count does not match its grid")
+            while k < len(piece.ids) and not is_pad[k]:
+                col[:, k] = pos
+                pos += 1
+                k += 1
+            col[:, k : k + t * h * w] = grid + pos
+            pos = int(col[:, k : k + t * h * w].max()) + 1
+            k += t * h * w
+            while k < len(piece.ids):
+                col[:, k] = pos
+                pos += 1
+                k += 1
+            rows.append(col)
+        if not rows:
+            return torch.empty(3, 1, 0, dtype=torch.long), start
+        return torch.cat(rows, dim=1).unsqueeze(1), pos

@@ -1,0 +1,282 @@
+"""The embedded engine: an image-text model run with transformers, on CPU or GPU.
+
+Every model step (encoding new images, a prefill chunk, one decoding step) is one job on a
+single worker thread, so steps of different sessions interleave fairly and an abort takes
+effect within one step. Each session keeps a KV cache that is extended as its prompt grows
+and cut back to the longest still-valid prefix when it changes (see ``kv_cache``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import anyio
+import torch
+
+from server.engines.base import (
+    Capabilities,
+    Engine,
+    EngineError,
+    EngineEvent,
+    Finished,
+    Prompt,
+    Sampling,
+    TextDelta,
+    Usage,
+)
+from server.engines.detokenizer import IncrementalDetokenizer
+from server.engines.hf_loading import load_model, load_processor, model_family
+from server.engines.kv_cache import CacheBudget, SessionCache
+from server.engines.prompt_encoding import Piece, PromptEncoder
+
+log = logging.getLogger("livesight.engines")
+T = TypeVar("T")
+
+
+class TransformersEngine(Engine):
+    """An image-text model loaded with transformers, with per-session warm KV caches."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        max_cached_tokens: int = 200_000,
+        prefill_chunk_tokens: int = 512,
+        max_image_side: int = 1024,
+    ) -> None:
+        self.model_path = model_path
+        self.device = device
+        self.dtype = dtype
+        self.trust_remote_code = trust_remote_code
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.budget = CacheBudget(max_cached_tokens)
+        self._max_image_side = max_image_side
+        self._model_thread = anyio.CapacityLimiter(1)
+        self.model: Any = None
+        self.encoder: PromptEncoder | None = None
+        self._stop_ids: frozenset[int] = frozenset()
+        self.capabilities = Capabilities(name="transformers", model=model_path, warm_prefix=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load model and processor. Raises ``EngineError`` when they cannot be loaded."""
+        try:
+            await self._run(self._load)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise EngineError(f"cannot load model {self.model_path!r}: {exc}") from exc
+
+    def _load(self) -> None:
+        self.model = load_model(self.model_path, self.dtype, self.device, self.trust_remote_code)
+        processor = load_processor(self.model_path, self.trust_remote_code)
+        family = model_family(self.model.config)
+        self.encoder = PromptEncoder(processor, family)
+        stop = self.model.generation_config.eos_token_id
+        stop = [stop] if isinstance(stop, int) else list(stop or [])
+        if processor.tokenizer.eos_token_id is not None:
+            stop.append(processor.tokenizer.eos_token_id)
+        self._stop_ids = frozenset(stop)
+        side = _model_image_side(processor.image_processor, self._max_image_side)
+        self.capabilities = Capabilities(
+            name="transformers", model=self.model_path, warm_prefix=True, max_image_side=side
+        )
+        log.info("transformers engine: %s (%s family) on %s", self.model_path, family, self.device)
+
+    async def close(self) -> None:
+        self.budget.clear()
+        self.model = None
+
+    async def release(self, session_id: str) -> None:
+        await self._run(self.budget.drop, session_id)
+
+    # ------------------------------------------------------------------ requests
+    async def prefill(self, session_id: str, prompt: Prompt) -> int:
+        """Extend the session's cache over ``prompt``; returns the cached token count."""
+        pieces = await self._run(self._encode, prompt)
+        cache = await self._run(self._reuse, session_id, pieces, False)
+        todo = _remaining(pieces, cache.length)
+        for chunk in _chunks(todo, self.prefill_chunk_tokens):
+            await self._run(self._forward, session_id, cache, chunk)
+        return cache.length
+
+    async def generate(
+        self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
+    ) -> AsyncIterator[EngineEvent]:
+        """Stream the answer; see ``Engine.generate``."""
+        pieces = await self._run(self._encode, prompt)
+        prompt_tokens = sum(len(p.ids) for p in pieces)
+        cache = await self._run(self._reuse, session_id, pieces, True)
+        cached = cache.length
+        logits = None
+        for chunk in _chunks(_remaining(pieces, cached), self.prefill_chunk_tokens):
+            logits = await self._run(self._forward, session_id, cache, chunk)
+        if logits is None:
+            raise EngineError("empty prompt")
+        detok = IncrementalDetokenizer(self.encoder.tokenizer, skip_special_tokens=True)
+        generator = torch.Generator().manual_seed(
+            sampling.seed if sampling.seed is not None else torch.seed() % 2**63
+        )
+        produced = 0
+        reason = "length"
+        while produced < sampling.max_tokens:
+            token = _sample(logits, sampling, generator)
+            produced += 1
+            if token in self._stop_ids:
+                reason = "stop"
+                break
+            text = detok.push(token)
+            if text:
+                yield TextDelta(text)
+            if produced >= sampling.max_tokens:
+                break
+            logits = await self._run(self._forward, session_id, cache, [Piece((token,))])
+        tail = detok.flush()
+        if tail:
+            yield TextDelta(tail)
+        yield Finished(reason, Usage(prompt_tokens, cached, produced))
+
+    # ------------------------------------------------------------------ model-thread jobs
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one model step on the worker thread. Cancellation waits for the step."""
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._model_thread)
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            if self.model is None:
+                raise EngineError("engine is closed") from exc
+            log.exception("model step failed")
+            raise EngineError(f"model step failed: {type(exc).__name__}") from exc
+
+    def _encode(self, prompt: Prompt) -> list[Piece]:
+        if self.encoder is None:
+            raise EngineError("engine not started")
+        return self.encoder.encode(prompt)
+
+    def _reuse(self, session_id: str, pieces: list[Piece], need_logits: bool) -> SessionCache:
+        """Cut the session's cache back to its longest prefix shared with ``pieces``."""
+        cache = self.budget.get(session_id)
+        matched, whole = cache.common_prefix(pieces)
+        total = sum(len(p.ids) for p in pieces)
+        if need_logits and matched >= total:
+            # the last prompt token must be computed again to get logits for the answer
+            last = pieces[-1]
+            matched = total - (len(last.ids) if last.image_key else 1)
+        cache.crop(matched)
+        return cache
+
+    @torch.inference_mode()
+    def _forward(self, session_id: str, cache: SessionCache, pieces: list[Piece]) -> torch.Tensor:
+        """Append ``pieces`` to the session's cache; returns the logits after the last token."""
+        from transformers import DynamicCache
+
+        ids = [i for p in pieces for i in p.ids]
+        positions, _ = self.encoder.position_ids(pieces, cache.next_position)
+        inputs = _image_inputs(pieces, self.encoder.family.mrope)
+        if cache.kv is None:
+            cache.kv = DynamicCache(config=self.model.config)
+        if self.encoder.family.mrope:
+            self.model.model.rope_deltas = None
+        try:
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.model.device),
+                position_ids=positions.to(self.model.device),
+                past_key_values=cache.kv,
+                use_cache=True,
+                logits_to_keep=1,
+                **{k: v.to(self.model.device) for k, v in inputs.items()},
+            )
+        except BaseException:
+            cache.clear()  # the KV tensors may hold part of this step
+            raise
+        flat = positions.reshape(-1, len(ids)).max(dim=0).values
+        next_positions = (torch.cummax(flat, dim=0).values + 1).tolist()
+        next_positions = [max(n, cache.next_position) for n in next_positions]
+        owners = [p.image_key for p in pieces for _ in p.ids]
+        cache.append(ids, owners, next_positions)
+        self.budget.enforce(keep=session_id)
+        return out.logits[0, -1].float().cpu()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _remaining(pieces: list[Piece], cached: int) -> list[Piece]:
+    """The part of ``pieces`` after the first ``cached`` tokens."""
+    out: list[Piece] = []
+    skip = cached
+    for piece in pieces:
+        n = len(piece.ids)
+        if skip >= n:
+            skip -= n
+            continue
+        if skip:
+            out.append(Piece(piece.ids[skip:]))  # only text pieces are ever split
+            skip = 0
+        else:
+            out.append(piece)
+    return out
+
+
+def _chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
+    """Group pieces into prefill steps of about ``limit`` tokens (images are not split)."""
+    steps: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0
+    for piece in pieces:
+        if piece.image_key is None:
+            ids = piece.ids
+            while ids:
+                room = max(limit - size, 0)
+                if room == 0:
+                    steps.append(current)
+                    current, size = [], 0
+                    continue
+                current.append(Piece(ids[:room]))
+                size += len(ids[:room])
+                ids = ids[room:]
+            continue
+        if current and size + len(piece.ids) > limit:
+            steps.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += len(piece.ids)
+    if current:
+        steps.append(current)
+    return steps
+
+
+def _image_inputs(pieces: list[Piece], mrope: bool) -> dict[str, torch.Tensor]:
+    """Concatenate the processor outputs of the images among ``pieces``."""
+    images = [p.image_inputs for p in pieces if p.image_inputs]
+    if not images:
+        return {}
+    dim = 0 if mrope else 1  # Qwen: (patches, dim) rows; Idefics3: (batch, images, ...)
+    return {k: torch.cat([img[k] for img in images], dim=dim) for k in images[0]}
+
+
+def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    """Pick the next token: greedy at temperature 0, else temperature + top-p sampling."""
+    if sampling.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        sorted_probs = sorted_probs * keep
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def _model_image_side(image_processor: Any, ceiling: int) -> int:
+    """The longest image side worth decoding for this model's processor."""
+    size = getattr(image_processor, "size", None) or {}
+    if "longest_edge" in size and getattr(image_processor, "merge_size", None):
+        # Qwen2-VL: longest_edge is a pixel count; a 16:9 frame at that area
+        side = int(math.sqrt(size["longest_edge"] * 16 / 9))
+    else:
+        side = int(size.get("longest_edge") or size.get("height") or ceiling)
+    return max(32, min(side, ceiling))

@@ -1,0 +1,179 @@
+"""Shared fixtures: a tiny generated model, a real server on a real socket, a client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import uvicorn
+import websockets
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from server.app import WS_PATH, create_app  # noqa: E402
+from server.engines.base import Engine  # noqa: E402
+from server.engines.transformers_engine import TransformersEngine  # noqa: E402
+from server.settings import Settings  # noqa: E402
+from server.tiny_model import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default demo model family, generated once per test run."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen"), family="qwen2_5_vl")
+
+
+@dataclass
+class RunningServer:
+    host: str
+    port: int
+    app: Any
+    engine: Engine
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.port}{WS_PATH}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@contextmanager
+def run_server(settings: Settings, engine: Engine | None = None) -> Iterator[RunningServer]:
+    """uvicorn on 127.0.0.1, port 0, in a thread; stopped (and the engine closed) on exit."""
+    app = create_app(settings, engine)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", ws_max_size=settings.max_message_bytes, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield RunningServer("127.0.0.1", port, app, app.state.engine)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    """The real server with the real transformers engine on the tiny model."""
+    settings = Settings(model=str(tiny_model_dir), max_sessions=64)
+    with run_server(settings) as running:
+        yield running
+
+
+# ---------------------------------------------------------------------- media
+
+
+def jpeg_frame(seed: int = 0, size: tuple[int, int] = (320, 240), quality: int = 80) -> bytes:
+    """A JPEG of a random smooth picture (different seeds differ a lot)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
+    img = Image.fromarray(small).resize(size, Image.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+# ---------------------------------------------------------------------- client
+
+
+class Client:
+    """A thin protocol client over ``websockets`` for tests."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+
+    async def send(self, **message: Any) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def send_raw(self, raw: str | bytes) -> None:
+        await self.ws.send(raw)
+
+    async def recv(self, timeout: float = 60) -> dict[str, Any]:
+        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.events.append(event)
+        return event
+
+    async def recv_type(self, kind: str, timeout: float = 60) -> dict[str, Any]:
+        """Skip events until one of type ``kind`` arrives; returns it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = await self.recv(max(0.01, deadline - time.monotonic()))
+            if event["type"] == kind:
+                return event
+
+    async def collect_until(self, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
+        """Every event up to and including the first of type ``kind``."""
+        out = []
+        deadline = time.monotonic() + timeout
+        while True:
+            event = await self.recv(max(0.01, deadline - time.monotonic()))
+            out.append(event)
+            if event["type"] == kind:
+                return out
+
+    async def frame(self, frame_id: Any, seed: int | None = None, **fields: Any) -> dict[str, Any]:
+        """Send a frame and return its ack."""
+        data = jpeg_frame(seed if seed is not None else hash(str(frame_id)) % 10_000)
+        await self.send(type="video.frame", data=b64(data), frame_id=frame_id, **fields)
+        return await self.recv_type("video.frame.ack")
+
+    async def ask(self, text: str, **fields: Any) -> list[dict[str, Any]]:
+        """Ask a question and return every event up to its ``response.done``."""
+        await self.send(type="video.query", text=text, **fields)
+        return await self.collect_until("response.done", timeout=120)
+
+
+async def connect(server: RunningServer, **config: Any) -> tuple[Client, dict[str, Any]]:
+    """Open a session; returns the client and its ``session.ready``."""
+    ws = await websockets.connect(server.ws_url, max_size=None)
+    client = Client(ws)
+    await client.send(type="session.config", **config)
+    ready = await client.recv()
+    assert ready["type"] == "session.ready", ready
+    return client, ready
+
+
+_MODULE_MODEL: list[Path] = []
+
+
+def tiny_model_path_for_module() -> str:
+    """The session's tiny model path for tests that start their own server."""
+    return str(_MODULE_MODEL[0])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remember_model(tiny_model_dir: Path) -> None:
+    _MODULE_MODEL.append(tiny_model_dir)

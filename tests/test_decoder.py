@@ -1,0 +1,156 @@
+"""Frame decoding: size limits, orientation, format checks and bad input."""
+
+from __future__ import annotations
+
+import io
+import struct
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from handlers.decoder import decode_image, sniff_format
+
+
+def encode(image: Image.Image, fmt: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def gradient(width: int, height: int) -> Image.Image:
+    """A smooth colour gradient (cheap to encode at any size)."""
+    small = np.zeros((2, 2, 3), np.uint8)
+    small[0, 0], small[0, 1], small[1, 0], small[1, 1] = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)
+    return Image.fromarray(small).resize((width, height), Image.Resampling.BILINEAR)
+
+
+def png_claiming_size(width: int, height: int) -> bytes:
+    """A PNG whose header claims any size (its pixel data is a stub)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
+    )
+
+
+def test_sniff_format_reads_magic_bytes() -> None:
+    """JPEG, PNG and WebP are told apart by their first bytes; anything else is None."""
+    image = gradient(8, 8)
+    assert sniff_format(encode(image, "JPEG")) == "jpeg"
+    assert sniff_format(encode(image, "PNG")) == "png"
+    assert sniff_format(encode(image, "WEBP")) == "webp"
+    assert sniff_format(encode(image, "GIF")) is None
+    assert sniff_format(b"") is None
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_decode_fits_the_longest_side_and_keeps_aspect(fmt: str) -> None:
+    """A large frame comes back RGB with its longest side at max_side, aspect kept."""
+    image = decode_image(encode(gradient(800, 400), fmt), 200)
+    assert image.mode == "RGB"
+    assert image.size == (200, 100)
+    portrait = decode_image(encode(gradient(300, 600), fmt), 150)
+    assert portrait.size == (75, 150)
+
+
+def test_decode_never_upscales_and_none_keeps_full_size() -> None:
+    """A frame smaller than max_side, or with no max_side, keeps its own size."""
+    data = encode(gradient(120, 90), "JPEG")
+    assert decode_image(data, 512).size == (120, 90)
+    assert decode_image(data, None).size == (120, 90)
+
+
+def test_decode_converts_alpha_and_grayscale_to_rgb() -> None:
+    """RGBA PNGs and grayscale JPEGs decode to RGB."""
+    assert decode_image(encode(gradient(16, 16).convert("RGBA"), "PNG"), None).mode == "RGB"
+    assert decode_image(encode(gradient(16, 16).convert("L"), "JPEG"), None).mode == "RGB"
+
+
+def test_decode_applies_exif_orientation() -> None:
+    """A JPEG tagged 'rotate 90 clockwise' is returned upright."""
+    stored = Image.new("RGB", (40, 20), (255, 0, 0))
+    stored.paste((0, 0, 255), (20, 0, 40, 20))  # left half red, right half blue
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: the stored picture must turn 90 degrees clockwise
+    image = decode_image(encode(stored, "JPEG", exif=exif, quality=95), None)
+    assert image.size == (20, 40)
+    top, bottom = image.getpixel((10, 5)), image.getpixel((10, 35))
+    assert top[0] > 200 and top[2] < 60  # the left half is now on top
+    assert bottom[2] > 200 and bottom[0] < 60
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"hello", b"\xff\xd8\xff\xe0" + b"\x00" * 64, b"\x89PNG\r\n\x1a\n" + b"\x00" * 32],
+)
+def test_garbage_raises_value_error(data: bytes) -> None:
+    """Bytes that are no decodable image raise ValueError."""
+    with pytest.raises(ValueError):
+        decode_image(data, 256)
+
+
+def test_unsupported_format_raises_value_error() -> None:
+    """Formats other than JPEG, PNG and WebP are refused, even ones Pillow reads."""
+    with pytest.raises(ValueError, match="not a JPEG, PNG or WebP"):
+        decode_image(encode(gradient(8, 8), "GIF"), None)
+
+
+def test_truncated_jpeg_raises_value_error_with_a_short_message() -> None:
+    """A JPEG cut short fails with a message that names no Pillow internals."""
+    data = encode(gradient(64, 64), "JPEG")
+    with pytest.raises(ValueError) as info:
+        decode_image(data[: len(data) // 2], None)
+    assert str(info.value) == "cannot decode jpeg image"
+
+
+def test_zero_size_image_raises_value_error() -> None:
+    """An image whose header says zero pixels wide is refused."""
+    with pytest.raises(ValueError):
+        decode_image(png_claiming_size(0, 10), None)
+
+
+@pytest.mark.parametrize("side", [7_000, 20_000])
+def test_decompression_bomb_is_refused_before_decoding(side: int) -> None:
+    """A small file claiming 49 or 400 megapixels is refused from its header alone."""
+    with pytest.raises(ValueError, match="too large"):
+        decode_image(png_claiming_size(side, side), 512)
+
+
+def test_pixel_limit_is_a_parameter() -> None:
+    """max_pixels sets the limit: at it passes, above it fails."""
+    data = encode(gradient(100, 50), "PNG")
+    assert decode_image(data, None, max_pixels=5000).size == (100, 50)
+    with pytest.raises(ValueError, match="too large"):
+        decode_image(data, None, max_pixels=4999)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_decoded_image_does_not_keep_the_encoded_bytes(fmt: str) -> None:
+    """The image holds no reference to the frame's bytes, so releasing them frees them."""
+    data = encode(gradient(64, 48), fmt)
+    before = sys.getrefcount(data)
+    image = decode_image(data, None)
+    assert sys.getrefcount(data) == before
+    assert image.size == (64, 48)
+
+
+def test_large_jpeg_is_decoded_at_reduced_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4000x3000 JPEG for max_side 512 is decoded by libjpeg at 1/4 scale, then resized."""
+    data = encode(gradient(4000, 3000), "JPEG", quality=85)
+    sources: list[tuple[int, int]] = []
+    real_resize = Image.Image.resize
+
+    def spy(self: Image.Image, size: tuple[int, int], *args: object, **kwargs: object) -> Image.Image:
+        sources.append(self.size)
+        return real_resize(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", spy)
+    image = decode_image(data, 512)
+    assert image.size == (512, 384)
+    assert sources == [(1000, 750)]
