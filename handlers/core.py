@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from handlers.errors import ErrorCode, SessionError
@@ -152,8 +152,8 @@ class SessionCore:
         return SessionReady(
             session_id=self.session_id,
             config=effective,
-            limits={**self.limits.__dict__, "max_frames": config.max_frames},
-            capabilities={**self.capabilities.__dict__, "prefix_warmup_active": self.warm_prefix},
+            limits={**asdict(self.limits), "max_frames": config.max_frames},
+            capabilities={**asdict(self.capabilities), "prefix_warmup_active": self.warm_prefix},
             ignored_fields=config.ignored_fields,
             notes=notes,
         )

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import anyio
 from anyio.abc import TaskGroup
@@ -305,7 +305,7 @@ class Session:
                             await self.send(ResponseAudioDelta(request_id=plan.request_id, data=_b64(out.wav)))
                         elif isinstance(out, Finished):
                             status, reason = "completed", out.finish_reason
-                            usage = UsageInfo(**out.usage.__dict__)
+                            usage = UsageInfo(**asdict(out.usage))
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stream.aclose()  # aborts the engine request if it is still running
@@ -322,9 +322,9 @@ class Session:
         finally:
             with anyio.CancelScope(shield=True):
                 self.core.finish(plan, "".join(text) if status != "failed" else None)
+                await self._finish_answer(plan, status, reason, usage, ttft, first_audio, started, "".join(text))
                 self.turn = None
                 turn.done.set()
-                await self._finish_answer(plan, status, reason, usage, ttft, first_audio, started, "".join(text))
                 if self.core.warm_prefix:
                     self._warm_wanted.set()
 

@@ -7,6 +7,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
@@ -57,8 +58,8 @@ class WebSocketTransport:
         if self.ws.application_state is WebSocketState.CONNECTED:
             try:
                 await self.ws.close(code)
-            except (RuntimeError, OSError):
-                pass  # already closing from the client side
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass  # the client closed first
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -88,7 +89,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
-        return {"status": "ok", "engine": app.state.engine.capabilities.__dict__, "sessions": len(sessions)}
+        return {"status": "ok", "engine": asdict(app.state.engine.capabilities), "sessions": len(sessions)}
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
