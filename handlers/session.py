@@ -12,7 +12,6 @@ always sees the frames sent before it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -25,7 +24,7 @@ from handlers import blocking
 from handlers.core import FrameIntake, Limits, Phase, QueryPlan, SessionCore, decode_base64
 from handlers.decoder import decode_image
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
-from handlers.frames import Frame
+from handlers.frames import Frame, content_key
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -82,7 +81,7 @@ def _prepare_frame(data: str, frame_id: str | int | None) -> tuple[bytes, str, o
         raise SessionError(
             ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=None if frame_id is None else str(frame_id)
         ) from None
-    return raw, hashlib.blake2b(raw, digest_size=16).hexdigest(), thumb
+    return raw, content_key(raw), thumb
 
 
 class Session:

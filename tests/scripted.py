@@ -1,0 +1,130 @@
+"""Test doubles for the timing-sensitive tier: a scripted engine and an in-memory transport.
+
+Never used by the shipped server: the real app is tested with the real engine elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from handlers.transport import Disconnected
+from server.engines.base import (
+    Capabilities,
+    Engine,
+    EngineError,
+    EngineEvent,
+    Finished,
+    ImageSegment,
+    Prompt,
+    Sampling,
+    TextDelta,
+    Usage,
+)
+
+
+def image_keys(prompt: Prompt) -> list[str]:
+    return [s.key for t in prompt.turns for s in t.segments if isinstance(s, ImageSegment)]
+
+
+@dataclass
+class ScriptedEngine(Engine):
+    """Emits ``words`` one per ``step_s``; records prefills, requests and aborts."""
+
+    words: list[str] = field(default_factory=lambda: ["a ", "b ", "c"])
+    step_s: float = 0.0
+    prefill_s: float = 0.0
+    fail_next: bool = False
+    warm: bool = True
+    prefills: list[Prompt] = field(default_factory=list)
+    prefills_done: int = 0
+    prefills_cancelled: int = 0
+    requests: list[Prompt] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    running: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.capabilities = Capabilities(name="scripted", model="scripted", warm_prefix=self.warm)
+
+    async def prefill(self, session_id: str, prompt: Prompt) -> int:
+        self.prefills.append(prompt)
+        try:
+            await anyio.sleep(self.prefill_s)
+        except anyio.get_cancelled_exc_class():
+            self.prefills_cancelled += 1
+            raise
+        self.prefills_done += 1
+        return len(image_keys(prompt))
+
+    async def generate(
+        self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
+    ) -> AsyncIterator[EngineEvent]:
+        self.requests.append(prompt)
+        if self.fail_next:
+            self.fail_next = False
+            raise EngineError("scripted failure")
+        self.running.add(request_id)
+        finished = False
+        try:
+            for word in self.words[: sampling.max_tokens]:
+                await anyio.sleep(self.step_s)
+                yield TextDelta(word)
+            finished = True
+            yield Finished("stop", Usage(10, 0, len(self.words)))
+        finally:
+            self.running.discard(request_id)
+            if not finished:
+                self.aborted.append(request_id)
+
+
+class MemoryTransport:
+    """A transport whose other end is the test."""
+
+    def __init__(self) -> None:
+        self._to_server, self._server_in = anyio.create_memory_object_stream[str | bytes](100)
+        self._server_out, self._from_server = anyio.create_memory_object_stream[str](1000)
+        self.closed_with: int | None = None
+
+    async def receive(self) -> str | bytes:
+        try:
+            return await self._server_in.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise Disconnected from None
+
+    async def send(self, text: str) -> None:
+        if self.closed_with is not None:
+            raise Disconnected
+        await self._server_out.send(text)
+
+    async def close(self, code: int = 1000) -> None:
+        if self.closed_with is None:
+            self.closed_with = code
+            self._server_out.close()
+
+    # the test's side
+    async def put(self, **message: Any) -> None:
+        await self._to_server.send(json.dumps(message))
+
+    async def get(self, timeout: float = 5) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            return json.loads(await self._from_server.receive())
+
+    async def get_type(self, kind: str, timeout: float = 5) -> dict[str, Any]:
+        while True:
+            event = await self.get(timeout)
+            if event["type"] == kind:
+                return event
+
+    async def until(self, kind: str, timeout: float = 5) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            out.append(await self.get(timeout))
+            if out[-1]["type"] == kind:
+                return out
+
+    def hang_up(self) -> None:
+        self._to_server.close()

@@ -1,0 +1,181 @@
+"""The session adapter with a scripted engine: warmup, interrupts, failures, pinning, teardown."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from handlers.core import Limits
+from handlers.frames import live_frame_count
+from handlers.session import Session
+from tests.conftest import b64, jpeg_frame
+from tests.scripted import MemoryTransport, ScriptedEngine, image_keys
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = Limits(
+    max_frame_bytes=1 << 20, max_audio_bytes=1 << 16, max_queue=50, idle_timeout_s=30,
+    max_history_turns=4, max_answer_tokens=100,
+)
+
+
+async def _wait(predicate, timeout: float = 5) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
+async def _run(engine: ScriptedEngine, body, **config) -> Session:
+    transport = MemoryTransport()
+    session = Session(transport, engine, LIMITS, config_timeout_s=5)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(session.run)
+        await transport.put(type="session.config", **config)
+        assert (await transport.get())["type"] == "session.ready"
+        await body(transport, session)
+        transport.hang_up()
+    return session
+
+
+async def _frames(transport: MemoryTransport, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        await transport.put(type="video.frame", data=b64(jpeg_frame(500 + i)), frame_id=i)
+        await transport.get_type("video.frame.ack")
+
+
+async def test_warmup_follows_frames_and_is_a_true_prefix() -> None:
+    """Decoded frames are prefilled while idle; the query prompt starts with the warm prefix."""
+    engine = ScriptedEngine()
+    seen = []
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 3)
+        await _wait(lambda: engine.prefills and len(image_keys(engine.prefills[-1])) == 3)
+        seen.append(engine.prefills[-1])
+        await t.put(type="video.query", text="what?")
+        await t.until("response.done")
+
+    await _run(engine, body)
+    warm, query = seen[0], engine.requests[-1]
+    assert warm.open_turn and not query.open_turn
+    assert query.turns[:-1] == warm.turns[:-1]
+    assert query.turns[-1].segments[: len(warm.turns[-1].segments)] == warm.turns[-1].segments
+
+
+async def test_query_cancels_running_warmup() -> None:
+    """A query arriving during a slow prefill cancels it and is answered."""
+    engine = ScriptedEngine(prefill_s=10)
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 2)
+        await _wait(lambda: engine.prefills)
+        await t.put(type="video.query", text="now?")
+        events = await t.until("response.done")
+        assert events[-1]["status"] == "completed"
+
+    await _run(engine, body)
+    assert engine.prefills_cancelled >= 1
+
+
+async def test_no_warmup_when_disabled_and_sampling_used() -> None:
+    """prefix_warmup=false: no prefill, and the query samples num_frames frames."""
+    engine = ScriptedEngine()
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 6)
+        await t.put(type="video.query", text="q")
+        events = await t.until("response.done")
+        consumed = next(e for e in events if e["type"] == "video.frames.consumed")
+        assert consumed["frame_ids"] == [0, 2, 3, 5]
+
+    await _run(engine, body, prefix_warmup=False, enable_frame_filter=False)
+    assert engine.prefills == []
+
+
+async def test_warm_prefix_uses_all_frames_and_evicts_half() -> None:
+    """With a warm prefix every buffered frame is used, and a full buffer drops half at once."""
+    engine = ScriptedEngine()
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 4)
+        await t.put(type="video.frame", data=b64(jpeg_frame(999)), frame_id=99)
+        ack = await t.get_type("video.frame.ack")
+        assert ack["dropped_frame_ids"] == [0, 1] and ack["buffered_frames"] == 3
+        await t.put(type="video.query", text="q")
+        events = await t.until("response.done")
+        consumed = next(e for e in events if e["type"] == "video.frames.consumed")
+        assert consumed["frame_ids"] == [2, 3, 99]
+
+    await _run(engine, body, max_frames=4, num_frames=1, enable_frame_filter=False)
+
+
+async def test_interrupt_aborts_engine_request() -> None:
+    """A new query interrupts: the old request is aborted in the engine before the new one starts."""
+    engine = ScriptedEngine(words=["w "] * 50, step_s=0.02)
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 1)
+        await t.put(type="video.query", text="first")
+        first = await t.get_type("response.start")
+        await t.get_type("response.text.delta")
+        await t.put(type="video.query", text="second")
+        done = await t.get_type("response.done")
+        assert done["request_id"] == first["request_id"] and done["status"] == "interrupted"
+        assert first["request_id"] in engine.aborted and not engine.running - {None}
+        nxt = await t.get_type("response.start")
+        assert nxt["request_id"] != first["request_id"]
+        await t.put(type="response.cancel")
+        assert (await t.get_type("response.done"))["status"] == "interrupted"
+
+    await _run(engine, body)
+    assert engine.running == set()
+
+
+async def test_engine_failure_is_reported_and_session_goes_on() -> None:
+    """An engine failure gives engine_error and response.done failed; the next query works."""
+    engine = ScriptedEngine(fail_next=True)
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 1)
+        await t.put(type="video.query", text="q")
+        events = await t.until("response.done")
+        assert [e["type"] for e in events] == ["response.start", "error", "response.done"]
+        assert events[1]["code"] == "engine_error" and events[-1]["status"] == "failed"
+        await t.put(type="video.query", text="again")
+        assert (await t.until("response.done"))[-1]["status"] == "completed"
+
+    await _run(engine, body)
+
+
+async def test_frames_pinned_by_answer_survive_eviction() -> None:
+    """Frames a running answer uses keep their images when evicted, and are released after."""
+    engine = ScriptedEngine(words=["x "] * 20, step_s=0.02)
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 2)
+        await t.put(type="video.query", text="q")
+        await t.get_type("response.text.delta")
+        used = list(s.core.buffer.frames)
+        await _frames(t, 3, start=10)  # max_frames=2: both used frames are evicted now
+        assert all(f.image is not None for f in used)
+        await t.get_type("response.done")
+        await _wait(lambda: all(f.released for f in used))
+
+    await _run(engine, body, max_frames=2, enable_frame_filter=False, prefix_warmup=False)
+
+
+async def test_session_end_leaves_nothing_behind() -> None:
+    """After a hang-up mid-answer, the engine request is aborted and no frame stays alive."""
+    engine = ScriptedEngine(words=["y "] * 100, step_s=0.02)
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 3)
+        await t.put(type="video.query", text="q")
+        await t.get_type("response.text.delta")
+
+    session = await _run(engine, body)
+    assert session.closed and engine.running == set() and len(engine.aborted) == 1
+    import gc
+
+    gc.collect()
+    assert live_frame_count() == 0
