@@ -103,6 +103,12 @@ class Session:
         self._tg: TaskGroup | None = None
         self.closed = False
 
+    @property
+    def settled(self) -> bool:
+        """True when no decode, warmup or answer is running or wanted (benchmarks wait for it)."""
+        warm_busy = self.core.warm_prefix and (self._warm_wanted.is_set() or not self._warm_idle.is_set())
+        return not self._decoding and self.turn is None and not warm_busy
+
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         """Serve the connection until it ends; never raises for client behaviour."""
@@ -116,6 +122,9 @@ class Session:
                 tg.start_soon(self._process, receive)
                 if self.core.warm_prefix:
                     tg.start_soon(self._warm_loop)
+                elif self.core.config.prefix_warmup:
+                    log.info("session %s: no prefix warmup, engine %r cannot keep a prefix",
+                             self.id[:8], self.engine.capabilities.name)
         except* Disconnected:
             pass  # the client left (or an idle/closing error was sent)
         finally:

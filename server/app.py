@@ -97,6 +97,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         return JSONResponse(
             {
                 "sessions": len(sessions),
+                "sessions_busy": sum(not s.settled for s in sessions),
                 "frames_live": live_frame_count(),
                 "tasks": len(asyncio.all_tasks()),
                 "engine": getattr(app.state.engine, "stats", lambda: {})(),

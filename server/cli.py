@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     p_tiny.add_argument("--init-std", type=float, default=None, help="weight init std (0.3 makes a sharp model)")
     p_tiny.add_argument("--seed", type=int, default=0)
 
+    p_bench = sub.add_parser("bench", help="benchmarks that print numbers and ratios")
+    bench_sub = p_bench.add_subparsers(dest="bench", required=True)
+    p_ttft = bench_sub.add_parser("ttft", help="time to first output, warm prefix on vs off")
+    p_ttft.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_ttft.add_argument("--frames", default="1,8,32,64", help="comma-separated frame counts")
+    p_ttft.add_argument("--queries", type=int, default=3, help="queries per measurement (median is shown)")
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(_settings(args))
@@ -67,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
 
         path = make_tiny_model(args.dir, family=args.family, init_std=args.init_std, seed=args.seed)
         print(f"wrote a random-weight {args.family} model to {path}")
+    elif args.command == "bench":
+        from server.bench import run_ttft
+
+        logging.basicConfig(level="WARNING")
+        counts = [int(n) for n in args.frames.split(",")]
+        print(run_ttft(args.model, counts, args.queries))
     return 0
 
 

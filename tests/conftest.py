@@ -7,25 +7,19 @@ import base64
 import io
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 import websockets
 from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from server.app import WS_PATH, create_app  # noqa: E402
-from server.engines.base import Engine  # noqa: E402
-from server.engines.transformers_engine import TransformersEngine  # noqa: E402
+from server.background import RunningServer, run_server  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from server.tiny_model import make_tiny_model  # noqa: E402
 
@@ -39,45 +33,6 @@ def anyio_backend() -> str:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default demo model family, generated once per test run."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen"), family="qwen2_5_vl")
-
-
-@dataclass
-class RunningServer:
-    host: str
-    port: int
-    app: Any
-    engine: Engine
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://{self.host}:{self.port}{WS_PATH}"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-@contextmanager
-def run_server(settings: Settings, engine: Engine | None = None) -> Iterator[RunningServer]:
-    """uvicorn on 127.0.0.1, port 0, in a thread; stopped (and the engine closed) on exit."""
-    app = create_app(settings, engine)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", ws_max_size=settings.max_message_bytes, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield RunningServer("127.0.0.1", port, app, app.state.engine)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ boundary (or after a token inside a text run; never inside an image).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,12 +84,29 @@ class SessionCache:
 
 
 class CacheBudget:
-    """All sessions' caches, least recently used first, bounded by a total token count."""
+    """All sessions' caches, least recently used first, bounded by a total token count.
+
+    A session held by a running request is never evicted: its request extends the cache
+    step by step and would otherwise continue from an emptied one. While requests run, the
+    total may therefore exceed the budget until they end.
+    """
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
         self._caches: OrderedDict[str, SessionCache] = OrderedDict()
+        self._held: Counter[str] = Counter()
         self.evictions = 0
+
+    @contextmanager
+    def hold(self, session_id: str) -> Iterator[None]:
+        """Keep the session's cache from eviction for the duration (one running request)."""
+        self._held[session_id] += 1
+        try:
+            yield
+        finally:
+            self._held[session_id] -= 1
+            if not self._held[session_id]:
+                del self._held[session_id]
 
     def get(self, session_id: str) -> SessionCache:
         """The session's cache (created empty if needed), marked most recently used."""
@@ -98,12 +117,12 @@ class CacheBudget:
         return cache
 
     def enforce(self, keep: str) -> None:
-        """Clear least recently used caches (never ``keep``'s) until the total fits."""
+        """Clear least recently used caches (never ``keep``'s nor held ones) until the total fits."""
         total = sum(c.length for c in self._caches.values())
         for session_id, cache in list(self._caches.items()):
             if total <= self.max_tokens:
                 break
-            if session_id == keep or cache.length == 0:
+            if session_id == keep or session_id in self._held or cache.length == 0:
                 continue
             total -= cache.length
             cache.clear()

@@ -98,11 +98,12 @@ class TransformersEngine(Engine):
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
         """Extend the session's cache over ``prompt``; returns the cached token count."""
         pieces = await self._run(self._encode, prompt)
-        cache = await self._run(self._reuse, session_id, pieces, False)
-        todo = _remaining(pieces, cache.length)
-        for chunk in _chunks(todo, self.prefill_chunk_tokens):
-            await self._run(self._forward, session_id, cache, chunk)
-        return cache.length
+        with self.budget.hold(session_id):
+            cache = await self._run(self._reuse, session_id, pieces, False)
+            todo = _remaining(pieces, cache.length)
+            for chunk in _chunks(todo, self.prefill_chunk_tokens):
+                await self._run(self._forward, session_id, cache, chunk)
+            return cache.length
 
     async def generate(
         self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
@@ -110,35 +111,36 @@ class TransformersEngine(Engine):
         """Stream the answer; see ``Engine.generate``."""
         pieces = await self._run(self._encode, prompt)
         prompt_tokens = sum(len(p.ids) for p in pieces)
-        cache = await self._run(self._reuse, session_id, pieces, True)
-        cached = cache.length
-        logits = None
-        for chunk in _chunks(_remaining(pieces, cached), self.prefill_chunk_tokens):
-            logits = await self._run(self._forward, session_id, cache, chunk)
-        if logits is None:
-            raise EngineError("empty prompt")
-        detok = IncrementalDetokenizer(self.encoder.tokenizer, skip_special_tokens=True)
-        generator = torch.Generator().manual_seed(
-            sampling.seed if sampling.seed is not None else torch.seed() % 2**63
-        )
-        produced = 0
-        reason = "length"
-        while produced < sampling.max_tokens:
-            token = _sample(logits, sampling, generator)
-            produced += 1
-            if token in self._stop_ids:
-                reason = "stop"
-                break
-            text = detok.push(token)
-            if text:
-                yield TextDelta(text)
-            if produced >= sampling.max_tokens:
-                break
-            logits = await self._run(self._forward, session_id, cache, [Piece((token,))])
-        tail = detok.flush()
-        if tail:
-            yield TextDelta(tail)
-        yield Finished(reason, Usage(prompt_tokens, cached, produced))
+        with self.budget.hold(session_id):  # another session's step must not evict this cache
+            cache = await self._run(self._reuse, session_id, pieces, True)
+            cached = cache.length
+            logits = None
+            for chunk in _chunks(_remaining(pieces, cached), self.prefill_chunk_tokens):
+                logits = await self._run(self._forward, session_id, cache, chunk)
+            if logits is None:
+                raise EngineError("empty prompt")
+            detok = IncrementalDetokenizer(self.encoder.tokenizer, skip_special_tokens=True)
+            generator = torch.Generator().manual_seed(
+                sampling.seed if sampling.seed is not None else torch.seed() % 2**63
+            )
+            produced = 0
+            reason = "length"
+            while produced < sampling.max_tokens:
+                token = _sample(logits, sampling, generator)
+                produced += 1
+                if token in self._stop_ids:
+                    reason = "stop"
+                    break
+                text = detok.push(token)
+                if text:
+                    yield TextDelta(text)
+                if produced >= sampling.max_tokens:
+                    break
+                logits = await self._run(self._forward, session_id, cache, [Piece((token,))])
+            tail = detok.flush()
+            if tail:
+                yield TextDelta(tail)
+            yield Finished(reason, Usage(prompt_tokens, cached, produced))
 
     # ------------------------------------------------------------------ model-thread jobs
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -1,0 +1,126 @@
+"""``livesight bench ttft``: time to first output with and without a warm prefix.
+
+Starts the real server (tiny demo model unless ``--model`` is given), and for each frame
+count N opens a session, buffers N distinct frames, waits until the server is idle (decodes
+and warmup done), then times a few queries. Both modes use the same N frames in the prompt,
+so the only difference is whether the prefix was prefilled while the camera was watching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import websockets
+from PIL import Image
+
+from server.background import RunningServer, run_server
+from server.settings import Settings
+
+
+@dataclass
+class Sample:
+    frames: int
+    warm: bool
+    ttft_ms: list[float]
+    server_ttft_ms: list[float]
+    cached_tokens: int
+    prompt_tokens: int
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ttft_ms)
+
+
+def bench_frame(i: int, size: tuple[int, int] = (320, 240)) -> str:
+    """A distinct, JPEG-encoded, base64 frame."""
+    rng = np.random.default_rng(i)
+    img = Image.fromarray(rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)).resize(size, Image.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=80)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+async def _wait_idle(http: httpx.AsyncClient, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while (await http.get("/metrics")).json()["sessions_busy"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the server did not settle")
+        await asyncio.sleep(0.02)
+
+
+async def measure(server: RunningServer, frames: int, warm: bool, queries: int) -> Sample:
+    """Buffer ``frames`` frames in a new session and time ``queries`` questions."""
+    config = {
+        "type": "session.config", "prefix_warmup": warm, "enable_frame_filter": False,
+        "max_frames": max(frames, 1), "num_frames": min(max(frames, 1), 128),
+        "sampling": {"temperature": 0, "max_tokens": 2}, "frame_timestamps": True,
+    }
+    ttfts, server_ttfts, done = [], [], {}
+    async with websockets.connect(server.ws_url, max_size=None) as ws, httpx.AsyncClient(
+        base_url=server.http_url
+    ) as http:
+        await ws.send(json.dumps(config))
+        json.loads(await ws.recv())
+        for i in range(frames):
+            await ws.send(json.dumps({"type": "video.frame", "data": bench_frame(i), "frame_id": i, "pts_ms": i * 500}))
+        for _ in range(frames):
+            while json.loads(await ws.recv())["type"] != "video.frame.ack":
+                pass
+        for q in range(queries):
+            await _wait_idle(http)
+            sent = time.perf_counter()
+            await ws.send(json.dumps({"type": "video.query", "text": f"what changed? ({q})"}))
+            first = None
+            while True:
+                event = json.loads(await ws.recv())
+                if first is None and event["type"] in {"video.frames.consumed", "response.text.delta"}:
+                    first = (time.perf_counter() - sent) * 1000
+                if event["type"] == "response.done":
+                    done = event
+                    break
+            ttfts.append(first if first is not None else float("nan"))
+            server_ttfts.append(done["timings"]["ttft_ms"])
+    usage = done.get("usage", {})
+    return Sample(frames, warm, ttfts, server_ttfts, usage.get("cached_tokens", 0), usage.get("prompt_tokens", 0))
+
+
+def render(samples: list[Sample]) -> str:
+    """The result table, with warm/cold and warm(N)/warm(1) ratios."""
+    by = {(s.frames, s.warm): s for s in samples}
+    counts = sorted({s.frames for s in samples})
+    warm1 = by[(counts[0], True)].median
+    lines = [
+        "frames  prompt_tok  warm_ttft_ms  cached_tok  cold_ttft_ms  cold/warm  warm/warm@%d" % counts[0],
+    ]
+    for n in counts:
+        w, c = by[(n, True)], by[(n, False)]
+        lines.append(
+            f"{n:6d}  {w.prompt_tokens:10d}  {w.median:12.1f}  {w.cached_tokens:10d}  {c.median:12.1f}"
+            f"  {c.median / w.median:8.1f}x  {w.median / warm1:11.2f}x"
+        )
+    return "\n".join(lines)
+
+
+async def _run_all(server: RunningServer, counts: list[int], queries: int) -> list[Sample]:
+    samples = []
+    for n in counts:
+        for warm in (True, False):
+            samples.append(await measure(server, n, warm, queries))
+    return samples
+
+
+def run_ttft(model: str | None, counts: list[int], queries: int) -> str:
+    """Start a server, measure every frame count in both modes; returns the table."""
+    settings = Settings(model=model, port=0, max_queue=max(counts) + 16)
+    with run_server(settings) as server:
+        asyncio.run(measure(server, 2, True, 1))  # warm the model itself (first-call costs)
+        samples = asyncio.run(_run_all(server, counts, queries))
+    return render(samples)

@@ -1,0 +1,135 @@
+// The WebSocket session: connect, send session.config, reconnect after a dropped connection.
+
+/** Close-time error codes after which reconnecting cannot help. */
+const FINAL_ERRORS = new Set(["invalid_config", "unauthorized", "forbidden_origin"]);
+const BACKOFF_S = [1, 2, 4, 8, 15];
+
+/**
+ * One logical session that survives dropped connections.
+ *
+ * States: "idle" -> "connecting" -> "ready" (session.ready received) -> "reconnecting"
+ * (dropped; a retry is scheduled) -> "connecting" ... ; "failed" when the server refused
+ * the session for good; "idle" again after `close()`.
+ */
+export class Connection {
+  /**
+   * @param {{url: () => string, apiKey: () => string, config: () => object,
+   *          onEvent: (event: object) => void,
+   *          onState: (state: string, detail: {retryInS?: number, reason?: string}) => void}} hooks
+   */
+  constructor(hooks) {
+    this.hooks = hooks;
+    this.ws = null;
+    this.state = "idle";
+    this.attempt = 0;
+    this.retryTimer = null;
+    this.finalError = null;
+    this.wanted = false;
+  }
+
+  get ready() {
+    return this.state === "ready" && this.ws?.readyState === WebSocket.OPEN;
+  }
+
+  /** Bytes queued in the socket and not yet sent (for back-pressure). */
+  get bufferedAmount() {
+    return this.ws ? this.ws.bufferedAmount : 0;
+  }
+
+  setState(state, detail = {}) {
+    this.state = state;
+    this.hooks.onState(state, detail);
+  }
+
+  /** Open the session (or re-open it with the current settings). */
+  open() {
+    this.wanted = true;
+    this.finalError = null;
+    this.attempt = 0;
+    this.connect();
+  }
+
+  connect() {
+    clearTimeout(this.retryTimer);
+    this.detach();
+    let url;
+    try {
+      url = new URL(this.hooks.url(), location.href);
+    } catch {
+      this.wanted = false;
+      this.setState("failed", { reason: "The server URL is not valid." });
+      return;
+    }
+    url.protocol = url.protocol.replace(/^http/, "ws");
+    // The key goes in the query: a subprotocol that the server does not echo back makes
+    // browsers fail the handshake.
+    const key = this.hooks.apiKey();
+    if (key) url.searchParams.set("api_key", key);
+    this.setState("connecting");
+    const ws = new WebSocket(url.href);
+    this.ws = ws;
+    ws.onopen = () => ws.send(JSON.stringify({ type: "session.config", ...this.hooks.config() }));
+    ws.onmessage = (message) => this.receive(message.data);
+    ws.onclose = (event) => this.dropped(ws, event);
+  }
+
+  receive(data) {
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      return; // the server only sends JSON; anything else is not ours to show
+    }
+    if (event.type === "session.ready") {
+      this.attempt = 0;
+      this.setState("ready");
+    } else if (event.type === "error" && event.closes_session && FINAL_ERRORS.has(event.code)) {
+      this.finalError = event;
+    }
+    this.hooks.onEvent(event);
+  }
+
+  dropped(ws, event) {
+    if (ws !== this.ws) return; // an old socket we already let go of
+    this.ws = null;
+    if (!this.wanted) {
+      this.setState("idle");
+      return;
+    }
+    if (this.finalError) {
+      this.wanted = false;
+      this.setState("failed", { reason: this.finalError.message });
+      return;
+    }
+    const retryInS = BACKOFF_S[Math.min(this.attempt, BACKOFF_S.length - 1)];
+    this.attempt += 1;
+    this.setState("reconnecting", { retryInS, reason: event.reason || `connection closed (code ${event.code})` });
+    this.retryTimer = setTimeout(() => this.connect(), retryInS * 1000);
+  }
+
+  /**
+   * Send one client event.
+   * @returns {boolean} false when the session is not ready (nothing was sent)
+   */
+  send(event) {
+    if (!this.ready) return false;
+    this.ws.send(JSON.stringify(event));
+    return true;
+  }
+
+  detach() {
+    if (!this.ws) return;
+    const ws = this.ws;
+    this.ws = null;
+    ws.onopen = ws.onmessage = ws.onclose = null;
+    ws.close(1000);
+  }
+
+  /** End the session on purpose: no reconnect. */
+  close() {
+    this.wanted = false;
+    clearTimeout(this.retryTimer);
+    this.detach();
+    this.setState("idle");
+  }
+}
