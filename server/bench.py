@@ -124,3 +124,101 @@ def run_ttft(model: str | None, counts: list[int], queries: int) -> str:
         asyncio.run(measure(server, 2, True, 1))  # warm the model itself (first-call costs)
         samples = asyncio.run(_run_all(server, counts, queries))
     return render(samples)
+
+
+# ---------------------------------------------------------------------- intake cost
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _moving_frames(count: int, size: tuple[int, int]) -> list[str]:
+    """Distinct 640x480-style JPEGs (~60 KB): a textured scene with a moving block."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 255, (size[1] // 8, size[0] // 8, 3), dtype=np.uint8)
+    scene = np.asarray(Image.fromarray(base).resize(size, Image.BICUBIC))
+    noise = rng.integers(0, 40, (size[1], size[0], 3), dtype=np.uint8)
+    out = []
+    for i in range(count):
+        frame = scene.copy() // 2 + noise // 2
+        x = (i * 37) % (size[0] - 120)
+        frame[100:220, x : x + 120] = (255 - 3 * i) % 255
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, "JPEG", quality=85)
+        out.append(base64.b64encode(buf.getvalue()).decode())
+    return out
+
+
+async def _send_frames(url: str, frames: list[str], warm: bool) -> int:
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": warm, "max_frames": 256,
+                                  "enable_frame_filter": False}))
+        await ws.recv()
+        for i, data in enumerate(frames):
+            await ws.send(json.dumps({"type": "video.frame", "data": data, "frame_id": i}))
+        accepted = 0
+        for _ in frames:
+            while (event := json.loads(await ws.recv()))["type"] != "video.frame.ack":
+                pass
+            accepted += event["accepted"]
+        return accepted
+
+
+def run_intake(model: str | None, count: int) -> str:
+    """CPU milliseconds the server process spends per accepted 640x480 frame."""
+    import os
+    import subprocess
+    import sys
+
+    port = _free_port()
+    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    if model:
+        args += ["--model", model]
+    proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                httpx.get(base + "/healthz", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("server did not start") from None
+                time.sleep(0.2)
+        url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
+        frames = _moving_frames(count, (640, 480))
+        size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
+        lines = [f"{count} frames, 640x480 JPEG, mean {size_kb:.0f} KB"]
+        asyncio.run(_send_frames(url, frames[:4], False))  # first-call costs
+        for warm in (False, True):
+            cpu0, wall0 = _process_cpu_s(proc.pid), time.perf_counter()
+            accepted = asyncio.run(_send_frames(url, frames, warm))
+
+            async def settle() -> None:
+                async with httpx.AsyncClient(base_url=base) as http:
+                    await _wait_idle(http)
+
+            asyncio.run(settle())
+            cpu = _process_cpu_s(proc.pid) - cpu0
+            wall = time.perf_counter() - wall0
+            label = "intake+decode+warm prefill" if warm else "intake+decode (no warmup)"
+            lines.append(f"{label:28s}: {1000 * cpu / accepted:6.2f} ms CPU per accepted frame "
+                         f"({accepted} accepted, {wall:.1f} s wall)")
+        return "\n".join(lines)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--frames", default="1,8,32,64", help="comma-separated frame counts")
     p_ttft.add_argument("--queries", type=int, default=3, help="queries per measurement (median is shown)")
 
+    p_intake = bench_sub.add_parser("intake", help="server CPU per accepted 640x480 frame")
+    p_intake.add_argument("--model", default=None)
+    p_intake.add_argument("--frames", type=int, default=200)
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(_settings(args))
@@ -78,8 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         from server.bench import run_ttft
 
         logging.basicConfig(level="WARNING")
-        counts = [int(n) for n in args.frames.split(",")]
-        print(run_ttft(args.model, counts, args.queries))
+        if args.bench == "ttft":
+            counts = [int(n) for n in args.frames.split(",")]
+            print(run_ttft(args.model, counts, args.queries))
+        else:
+            from server.bench import run_intake
+
+            print(run_intake(args.model, args.frames))
     return 0
 
 

@@ -67,7 +67,7 @@ class SessionCache:
         if length == 0 or self.kv is None:
             self.clear()
             return
-        self.kv.crop(length)
+        self.kv.crop(length - self.length)  # negative: tokens to remove (a positive size is deprecated)
         del self.ids[length:], self.owners[length:], self.next_positions[length:]
 
     def append(self, ids: list[int], owners: list[str | None], next_positions: list[int]) -> None:

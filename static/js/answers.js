@@ -35,7 +35,8 @@ export class AnswerLog {
 
   /** `response.start`: bind the oldest waiting question to `requestId`. */
   start(requestId) {
-    const entry = this.waiting.shift() ?? this.ask("");
+    if (this.waiting.length === 0) this.ask(""); // an answer this page did not ask for
+    const entry = this.waiting.shift();
     entry.requestId = requestId;
     entry.item.dataset.status = "streaming";
     entry.item.dataset.requestId = requestId;
