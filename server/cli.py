@@ -1,4 +1,4 @@
-"""The ``livesight`` command: ``serve``, ``make-tiny-model``."""
+"""The ``livesight`` command: ``serve``, ``make-tiny-model``, ``stream``."""
 
 from __future__ import annotations
 
@@ -46,6 +46,61 @@ def serve(settings: Settings) -> None:
     )
 
 
+def _add_stream_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=Path, help="a video file (decoded with PyAV) or a folder of images")
+    parser.add_argument(
+        "--url", default="ws://127.0.0.1:8000/v1/video/chat/stream", help="the server's WebSocket URL"
+    )
+    parser.add_argument(
+        "--ask", action="append", default=[], metavar="[SECONDS:]TEXT",
+        help='a question (repeatable); "3.5:TEXT" asks at 3.5 s of video time, plain TEXT after the last frame',
+    )
+    parser.add_argument("--fps", type=float, default=2.0, help="frames sent per second of video (0: every frame)")
+    parser.add_argument("--speed", type=float, default=1.0, help="play the source this many times faster (0: no waiting)")
+    parser.add_argument("--quality", type=int, default=80, help="JPEG quality, 1-95")
+    parser.add_argument("--max-side", type=int, default=640, help="scale frames down to this longest side (0: as is)")
+    parser.add_argument("--api-key", default=None, help="sent as ?api_key= when given")
+    parser.add_argument("--max-frames", type=int, default=None, help="frames the server keeps (session.config)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="longest answer in tokens")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
+    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument(
+        "--frame-filter", action=argparse.BooleanOptionalAction, default=None, help="drop near-duplicate frames"
+    )
+
+
+def stream(args: argparse.Namespace) -> int:
+    """Run ``livesight stream``; returns the exit status (1 when the session failed)."""
+    import asyncio
+
+    from websockets.exceptions import WebSocketException
+
+    from server.client import Question, StreamError, run_stream
+
+    sampling = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature)) if v is not None}
+    config = {
+        k: v
+        for k, v in (
+            ("max_frames", args.max_frames),
+            ("system_prompt", args.system_prompt),
+            ("enable_frame_filter", args.frame_filter),
+            ("sampling", sampling or None),
+        )
+        if v is not None
+    }
+    try:
+        report = asyncio.run(
+            run_stream(
+                args.source, args.url, [Question.parse(q) for q in args.ask], config=config, fps=args.fps,
+                speed=args.speed, quality=args.quality, max_side=args.max_side, api_key=args.api_key,
+            )
+        )
+    except (StreamError, OSError, ValueError, WebSocketException) as exc:
+        print(f"livesight stream: {exc}", file=sys.stderr)
+        return 1
+    return 0 if all(a.status in {"completed", "interrupted"} for a in report.answers) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="livesight", description="live video understanding server")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     p_intake.add_argument("--model", default=None)
     p_intake.add_argument("--frames", type=int, default=200)
 
+    p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
+    _add_stream_flags(p_stream)
+
     args = parser.parse_args(argv)
+    if args.command == "stream":
+        return stream(args)
     if args.command == "serve":
         serve(_settings(args))
     elif args.command == "make-tiny-model":

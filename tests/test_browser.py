@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import shutil
 import statistics
 import time
 import wave
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ import server.app as server_app
 from tests.conftest import RunningServer
 
 CHROMIUM = Path("/usr/bin/chromium")
+expect.set_options(timeout=20_000)
 SCREENSHOT_COPY = Path("/tmp/livesight-browser.png")
 CAMERA_SIZE = (320, 240)
 TONE_HZ = 440.0
@@ -172,14 +175,17 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> list[WireLog]:
 # ---------------------------------------------------------------------- browser
 
 
-@pytest.fixture
-def page(fake_media: tuple[Path, Path], tmp_path: Path) -> Iterator[Page]:
-    """A fresh Chromium profile whose camera and microphone are the fake media files."""
+@contextmanager
+def chromium_page(fake_media: tuple[Path, Path], profile: Path) -> Iterator[Page]:
+    """A fresh Chromium profile whose camera and microphone are the fake media files.
+
+    Asserts (rather than skips) that Chromium is installed: the suite must not pass without it.
+    """
     assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium"
     video, audio = fake_media
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
+            str(profile),
             executable_path=str(CHROMIUM),
             headless=True,
             args=[
@@ -224,7 +230,7 @@ def check_stream_on_server(log: WireLog) -> dict[str, float]:
     assert len(times) >= 5, log.kinds[:20]
     assert {size for _, size, _ in log.frames} == {CAMERA_SIZE}
     fps = (len(times) - 1) / (times[-1] - times[0])
-    interval = statistics.median(b - a for a, b in zip(times, times[1:]))
+    interval = statistics.median(b - a for a, b in itertools.pairwise(times))
     assert 1.6 <= fps <= 2.4 and 0.4 <= interval <= 0.6, (fps, interval)
 
     assert len(log.audio) >= 20
@@ -243,15 +249,16 @@ def check_stream_on_server(log: WireLog) -> dict[str, float]:
     }
 
 
-def set_field(page: Page, selector: str, value: str) -> None:
-    page.fill(selector, value)
-
-
 def test_browser_client_streams_asks_plays_and_stops(
-    server: RunningServer, wire: list[WireLog], page: Page, tmp_path: Path
+    server: RunningServer, wire: list[WireLog], fake_media: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """In Chromium, the page streams camera and mic at the chosen rate and size, answers stream in,
     audio deltas are scheduled back to back and cut on stop, a dropped connection comes back."""
+    with chromium_page(fake_media, tmp_path / "profile") as page:
+        run_page_checks(page, server, wire, tmp_path)
+
+
+def run_page_checks(page: Page, server: RunningServer, wire: list[WireLog], tmp_path: Path) -> None:
     page.goto(server.http_url + "/")
     page.wait_for_function("window.livesight !== undefined")
 
@@ -264,13 +271,13 @@ def test_browser_client_streams_asks_plays_and_stops(
     assert unlabeled == []
 
     page.select_option("#max-side", "320")
-    set_field(page, "#quality", "0.7")
+    page.fill("#quality", "0.7")
     page.uncheck("#filter")  # keep every frame: the counts below are exact
     page.uncheck("#audio-processing")  # the tone arrives unaltered
-    set_field(page, "#max-frames", "16")
-    set_field(page, "#max-tokens", "12")
-    set_field(page, "#api-key", "test-key")
-    set_field(page, "#system-prompt", "Answer briefly.")
+    page.fill("#max-frames", "16")
+    page.fill("#max-tokens", "12")
+    page.fill("#api-key", "test-key")
+    page.fill("#system-prompt", "Answer briefly.")
     page.click("#start")
     expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready")
     wait_for(lambda: len(wire) == 1 and len(wire[0].frames) >= 8, 20, "8 frames at the server")
@@ -292,11 +299,14 @@ def test_browser_client_streams_asks_plays_and_stops(
     expect(answer).to_have_attribute("data-status", "completed")
     assert page.evaluate("window.livesight.app.eventCounts['response.text.delta']") >= 1
     assert page.evaluate("window.livesight.app.eventCounts['response.done']") == 1
-    assert answer.locator(".answer-text").inner_text().strip()
+    assert answer.locator(".answer-text").inner_text()
     ttft_text = readout(page, "ttft")
     assert ttft_text.endswith(" ms"), ttft_text
     measured["page_ttft_ms"] = float(ttft_text.split()[0])
-    assert readout(page, "age").endswith(" ms")
+    measured["server_ttft_ms"] = page.evaluate("window.livesight.app.lastDone.timings.ttft_ms")
+    age_text = readout(page, "age")
+    assert age_text.endswith(" ms"), age_text
+    measured["newest_frame_age_ms"] = float(age_text.split()[0])
 
     page.screenshot(path=str(tmp_path / "browser.png"), full_page=True)
     shutil.copyfile(tmp_path / "browser.png", SCREENSHOT_COPY)
@@ -331,7 +341,7 @@ def check_audio_player(page: Page) -> None:
     assert slots["playing"] and len(scheduled) == 4
     assert [round(s["duration"], 6) for s in scheduled] == [0.2, 0.35, 0.12, 0.5]
     assert scheduled[0]["start"] >= slots["now"]
-    for before, after in zip(scheduled, scheduled[1:]):
+    for before, after in itertools.pairwise(scheduled):
         assert after["start"] == pytest.approx(before["start"] + before["duration"], abs=1e-9)
 
     page.click("#cancel")
@@ -353,8 +363,8 @@ def check_audio_player(page: Page) -> None:
 
 def check_stop_button(page: Page, wire: list[WireLog]) -> None:
     """With long sampled answers (applied by reconnecting), the stop button ends one early."""
-    set_field(page, "#max-tokens", "1024")
-    set_field(page, "#temperature", "1")
+    page.fill("#max-tokens", "1024")
+    page.fill("#temperature", "1")
     sessions = len(wire)
     page.click("#apply")
     wait_for(lambda: len(wire) == sessions + 1 and len(wire[-1].frames) >= 2, 20, "a new session with frames")

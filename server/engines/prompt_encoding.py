@@ -61,6 +61,8 @@ class PromptEncoder:
         self.merge = int(getattr(processor.image_processor, "merge_size", 1) or 1)
         self._images: OrderedDict[str, Piece] = OrderedDict()
         self._image_cache_size = image_cache_size
+        self._texts: OrderedDict[str, Piece] = OrderedDict()
+        self._text_cache_size = 4 * image_cache_size
 
     # ------------------------------------------------------------------ rendering
     def render(self, prompt: Prompt) -> list[str | ImageSegment]:
@@ -101,11 +103,22 @@ class PromptEncoder:
         pieces = []
         for item in self.render(prompt):
             if isinstance(item, str):
-                ids = self.tokenizer(item, add_special_tokens=False)["input_ids"]
-                pieces.append(Piece(tuple(ids)))
+                pieces.append(self.text_piece(item))
             else:
                 pieces.append(self.image_piece(item))
         return pieces
+
+    def text_piece(self, text: str) -> Piece:
+        """The tokens of one text run, cached: most runs (timestamps, turns) recur every query."""
+        cached = self._texts.get(text)
+        if cached is None:
+            cached = Piece(tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
+            self._texts[text] = cached
+            while len(self._texts) > self._text_cache_size:
+                self._texts.popitem(last=False)
+        else:
+            self._texts.move_to_end(text)
+        return cached
 
     def image_piece(self, image: ImageSegment) -> Piece:
         """Processor outputs for one image, cached by content key."""

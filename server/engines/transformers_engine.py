@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -29,6 +30,7 @@ from server.engines.base import (
 )
 from server.engines.detokenizer import IncrementalDetokenizer
 from server.engines.hf_loading import load_model, load_processor, model_family
+from server.engines.growable_cache import new_cache
 from server.engines.kv_cache import CacheBudget, SessionCache
 from server.engines.prompt_encoding import Piece, PromptEncoder
 
@@ -121,7 +123,7 @@ class TransformersEngine(Engine):
                 raise EngineError("empty prompt")
             detok = IncrementalDetokenizer(self.encoder.tokenizer, skip_special_tokens=True)
             generator = torch.Generator().manual_seed(
-                sampling.seed if sampling.seed is not None else torch.seed() % 2**63
+                sampling.seed if sampling.seed is not None else random.getrandbits(63)
             )
             produced = 0
             reason = "length"
@@ -173,13 +175,11 @@ class TransformersEngine(Engine):
     @torch.inference_mode()
     def _forward(self, session_id: str, cache: SessionCache, pieces: list[Piece]) -> torch.Tensor:
         """Append ``pieces`` to the session's cache; returns the logits after the last token."""
-        from transformers import DynamicCache
-
         ids = [i for p in pieces for i in p.ids]
         positions, _ = self.encoder.position_ids(pieces, cache.next_position)
         inputs = _image_inputs(pieces, self.encoder.family.mrope)
         if cache.kv is None:
-            cache.kv = DynamicCache(config=self.model.config)
+            cache.kv = new_cache(self.model.config)
         if self.encoder.family.mrope:
             self.model.model.rope_deltas = None
         try:

@@ -309,6 +309,7 @@ class App {
         if (!this.cancelled.has(event.request_id)) this.playAudio(event.data);
         break;
       case "response.done":
+        this.lastDone = event;
         this.answers.done(event);
         this.cancelled.delete(event.request_id);
         break;

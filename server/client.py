@@ -1,0 +1,468 @@
+"""A Python client for livesight, and the engine of ``livesight stream``.
+
+``StreamClient`` is one session over ``websockets``::
+
+    async with StreamClient.connect("ws://127.0.0.1:8000/v1/video/chat/stream") as client:
+        await client.send_frame(jpeg_bytes, pts_ms=0)
+        answer = await client.ask("what do you see?")
+        await answer.wait()
+        print(answer.text, answer.ttft_ms)
+
+``stream_source`` plays frames from a video file or an image folder into a client at their
+own pace (``speed`` times real time) and asks questions at chosen video times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+from urllib.parse import quote
+
+import websockets
+from PIL import Image
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp"})
+# A question without a `response.start` gets one of these instead (the server answers in order).
+_REFUSALS = frozenset({"no_frames", "invalid_audio"})
+
+
+class StreamError(Exception):
+    """The server refused or ended the session; ``code`` is the protocol's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class AnswerListener(Protocol):
+    """Follows one answer as it streams (called from the client's reader)."""
+
+    def started(self, answer: Answer) -> None: ...
+
+    def text(self, answer: Answer, delta: str) -> None: ...
+
+    def finished(self, answer: Answer) -> None: ...
+
+
+@dataclass
+class Answer:
+    """One question and its answer, filled in as the events arrive.
+
+    ``ttft_ms`` and ``total_ms`` are measured here, from sending the question to the first
+    text delta and to ``response.done``; ``server_timings`` are the server's own.
+    """
+
+    question: str
+    video_time_s: float | None = None
+    listener: AnswerListener | None = None
+    sent_at: float = field(default_factory=time.perf_counter)
+    request_id: str | None = None
+    text: str = ""
+    status: str | None = None  # completed, interrupted, failed; "refused" when it never started
+    finish_reason: str | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    server_timings: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    frame_ids: list[Any] = field(default_factory=list)
+    latest_pts_ms: float | None = None
+    error: str | None = None
+    audio_chunks: int = 0
+    _done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def frames_used(self) -> int:
+        return len(self.frame_ids)
+
+    async def wait(self, timeout: float | None = None) -> Answer:
+        """Wait for ``response.done`` (or the refusal); returns self. Raises ``TimeoutError``."""
+        async with asyncio.timeout(timeout):
+            await self._done.wait()
+        return self
+
+    def _finish(self, status: str) -> None:
+        self.status = status
+        self.total_ms = round((time.perf_counter() - self.sent_at) * 1000, 2)
+        self._done.set()
+        if self.listener:
+            self.listener.finished(self)
+
+
+@dataclass
+class FrameStats:
+    sent: int = 0
+    accepted: int = 0
+    filtered: int = 0
+
+
+class StreamClient:
+    """One livesight session. Create it with ``StreamClient.connect``."""
+
+    def __init__(self, ws: Any, ready: dict[str, Any]) -> None:
+        self.ws = ws
+        self.ready = ready
+        self.frames = FrameStats()
+        self.errors: list[dict[str, Any]] = []
+        self._waiting: deque[Answer] = deque()
+        self._running: dict[str, Answer] = {}
+        self._frame_seq = 0
+        self._session_done = asyncio.Event()
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls, url: str, config: dict[str, Any] | None = None, *, api_key: str | None = None, open_timeout: float = 30
+    ) -> AsyncIterator[StreamClient]:
+        """Open a session with ``config`` (the ``session.config`` fields); closes it on exit.
+
+        Raises ``StreamError`` when the server refuses the session, ``OSError`` or
+        ``websockets.InvalidURI``/``InvalidHandshake`` when it cannot be reached.
+        """
+        if api_key:
+            url += ("&" if "?" in url else "?") + "api_key=" + quote(api_key, safe="")
+        async with websockets.connect(url, max_size=None, open_timeout=open_timeout) as ws:
+            await ws.send(json.dumps({"type": "session.config", **(config or {})}))
+            first = json.loads(await asyncio.wait_for(ws.recv(), open_timeout))
+            if first.get("type") != "session.ready":
+                raise StreamError(first.get("code", "unexpected"), first.get("message", str(first)[:200]))
+            client = cls(ws, first)
+            async with asyncio.TaskGroup() as tg:
+                reader = tg.create_task(client._read())
+                try:
+                    yield client
+                finally:
+                    await ws.close()
+                    await reader
+
+    # ------------------------------------------------------------------ sending
+    async def send_frame(
+        self, image: bytes, *, pts_ms: float | None = None, frame_id: int | str | None = None, **fields: Any
+    ) -> int | str:
+        """Send one encoded image (JPEG/PNG/WebP); returns its ``frame_id``."""
+        if frame_id is None:
+            self._frame_seq += 1
+            frame_id = self._frame_seq
+        await self._send(
+            type="video.frame",
+            data=base64.b64encode(image).decode("ascii"),
+            frame_id=frame_id,
+            pts_ms=pts_ms,
+            capture_ts_ms=round(time.time() * 1000, 1),
+            **fields,
+        )
+        self.frames.sent += 1
+        return frame_id
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        """Send PCM16 little-endian mono 16 kHz audio (buffered by the server until a question)."""
+        await self._send(type="audio.chunk", data=base64.b64encode(pcm16).decode("ascii"))
+
+    async def ask(
+        self, question: str, *, listener: AnswerListener | None = None, video_time_s: float | None = None
+    ) -> Answer:
+        """Send ``video.query``; returns its ``Answer`` at once (``await answer.wait()`` for the end).
+
+        A question asked while an answer runs interrupts that answer (the protocol's rule).
+        """
+        answer = Answer(question, video_time_s, listener)
+        self._waiting.append(answer)
+        await self._send(type="video.query", text=question)
+        return answer
+
+    async def cancel(self) -> None:
+        """Stop the running answer (``response.cancel``)."""
+        await self._send(type="response.cancel")
+
+    async def finish(self, timeout: float = 120) -> None:
+        """Send ``video.done`` and wait for ``session.done`` (the running answer completes first)."""
+        await self._send(type="video.done")
+        async with asyncio.timeout(timeout):
+            await self._session_done.wait()
+
+    async def _send(self, **message: Any) -> None:
+        await self.ws.send(json.dumps(message))
+
+    # ------------------------------------------------------------------ receiving
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                self._on_event(json.loads(raw))
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            for answer in [*self._waiting, *self._running.values()]:
+                answer.error = answer.error or "the connection closed"
+                answer._finish(answer.status or "failed")
+            self._waiting.clear()
+            self._running.clear()
+            self._session_done.set()
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "video.frame.ack":
+            if event.get("accepted"):
+                self.frames.accepted += 1
+            else:
+                self.frames.filtered += 1
+        elif kind == "response.start":
+            answer = self._waiting.popleft() if self._waiting else Answer("")
+            answer.request_id = event["request_id"]
+            self._running[answer.request_id] = answer
+            if answer.listener:
+                answer.listener.started(answer)
+        elif kind == "video.frames.consumed":
+            answer = self._running.get(event.get("request_id"))
+            if answer:
+                answer.frame_ids = list(event.get("frame_ids", []))
+                answer.latest_pts_ms = event.get("latest_pts_ms")
+        elif kind == "response.text.delta":
+            answer = self._running.get(event.get("request_id"))
+            if answer:
+                if answer.ttft_ms is None:
+                    answer.ttft_ms = round((time.perf_counter() - answer.sent_at) * 1000, 2)
+                answer.text += event["delta"]
+                if answer.listener:
+                    answer.listener.text(answer, event["delta"])
+        elif kind == "response.output_audio.delta":
+            answer = self._running.get(event.get("request_id"))
+            if answer:
+                answer.audio_chunks += 1
+        elif kind == "response.done":
+            answer = self._running.pop(event.get("request_id"), None)
+            if answer:
+                answer.finish_reason = event.get("finish_reason")
+                answer.server_timings = event.get("timings") or {}
+                answer.usage = event.get("usage") or {}
+                answer._finish(event.get("status", "completed"))
+        elif kind == "error":
+            self.errors.append(event)
+            if event.get("code") in _REFUSALS and self._waiting:
+                answer = self._waiting.popleft()
+                answer.error = f"{event['code']}: {event.get('message', '')}"
+                answer._finish("refused")
+        elif kind == "session.done":
+            self._session_done.set()
+
+
+# ---------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class SourceFrame:
+    """One picture of a source and its time in seconds from the source's start."""
+
+    pts_s: float
+    image: Image.Image
+
+
+def video_frames(path: Path, fps: float) -> Iterator[SourceFrame]:
+    """Decode a video file with PyAV at its own rate, keeping about ``fps`` frames a second
+    (every frame when ``fps`` <= 0). Raises ``av.FFmpegError`` for an unreadable file."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        rate = float(stream.average_rate or 25)
+        origin: float | None = None
+        next_sample = 0.0
+        for index, frame in enumerate(container.decode(stream)):
+            t = frame.time if frame.time is not None else index / rate
+            origin = t if origin is None else origin
+            t -= origin
+            if fps > 0 and t < next_sample - 1e-6:
+                continue
+            if fps > 0:
+                next_sample = (int(t * fps + 1e-6) + 1) / fps
+            yield SourceFrame(round(t, 6), frame.to_image())
+
+
+def folder_frames(path: Path, fps: float) -> Iterator[SourceFrame]:
+    """The images of a folder in name order, one every ``1/fps`` seconds of video time."""
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"{path} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    step = 1 / fps if fps > 0 else 1.0
+    for index, file in enumerate(files):
+        with Image.open(file) as image:
+            yield SourceFrame(round(index * step, 6), image.convert("RGB"))
+
+
+def open_source(path: Path, fps: float) -> Iterator[SourceFrame]:
+    """Frames of a video file or an image folder. Raises ``FileNotFoundError``, ``ValueError``."""
+    if path.is_dir():
+        return folder_frames(path, fps)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    return video_frames(path, fps)
+
+
+def encode_jpeg(image: Image.Image, quality: int = 80, max_side: int = 640) -> bytes:
+    """JPEG bytes of ``image``, scaled down so its longest side is at most ``max_side`` (0: as is)."""
+    if max_side > 0 and max(image.size) > max_side:
+        scale = max_side / max(image.size)
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BILINEAR)
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------- playing a source
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question to ask; ``at_s`` is its video time, or None for "after the last frame"."""
+
+    text: str
+    at_s: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Question:
+        """``"3.5:what now?"`` asks at 3.5 s of video time; plain text asks at the end."""
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)s?:(.*)", spec, re.DOTALL)
+        if match and match.group(2).strip():
+            return cls(match.group(2).strip(), float(match.group(1)))
+        return cls(spec.strip())
+
+
+@dataclass
+class StreamReport:
+    frames: FrameStats
+    answers: list[Answer]
+    duration_s: float
+    video_time_s: float
+
+
+class ConsolePrinter:
+    """Prints each answer as it streams, then its timings."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def started(self, answer: Answer) -> None:
+        at = "" if answer.video_time_s is None else f" [at {answer.video_time_s:.1f} s]"
+        self.out.write(f"\nQ{at}: {answer.question}\nA: ")
+        self.out.flush()
+
+    def text(self, answer: Answer, delta: str) -> None:
+        self.out.write(delta)
+        self.out.flush()
+
+    def finished(self, answer: Answer) -> None:
+        if answer.status == "refused":
+            self.out.write(f"\nQ: {answer.question}\n   (not answered: {answer.error})\n")
+            return
+        newest = "" if answer.latest_pts_ms is None else f" up to {answer.latest_pts_ms / 1000:.1f} s"
+        ttft = "–" if answer.ttft_ms is None else f"{answer.ttft_ms:.0f} ms"
+        total = "–" if answer.total_ms is None else f"{answer.total_ms:.0f} ms"
+        self.out.write(
+            f"\n   ({answer.status}; ttft {ttft}, total {total}, {answer.frames_used} frames{newest}, "
+            f"{answer.usage.get('completion_tokens', 0)} tokens)\n"
+        )
+        self.out.flush()
+
+
+async def stream_source(
+    client: StreamClient,
+    frames: Iterable[SourceFrame],
+    questions: Iterable[Question] = (),
+    *,
+    speed: float = 1.0,
+    quality: int = 80,
+    max_side: int = 640,
+    listener: AnswerListener | None = None,
+    answer_timeout_s: float = 300,
+) -> StreamReport:
+    """Play ``frames`` into ``client`` at ``speed`` times real time (0: as fast as possible).
+
+    A timed question is sent once every frame up to its time has been sent, so it sees
+    them; the frames go on while it is answered. Untimed questions are asked one after the
+    other once the source has ended. Returns when every answer is done.
+    """
+    questions = list(questions)
+    timed = deque(sorted((q for q in questions if q.at_s is not None), key=lambda q: q.at_s))
+    untimed = [q for q in questions if q.at_s is None]
+    answers: list[Answer] = []
+    started = time.perf_counter()
+    iterator = iter(frames)
+    video_time = 0.0
+
+    while True:
+        frame = await asyncio.to_thread(next, iterator, None)  # decoding blocks: keep it off the loop
+        if frame is None:
+            break
+        while timed and timed[0].at_s < frame.pts_s:
+            question = timed.popleft()
+            await _sleep_until(started, question.at_s, speed)
+            answers.append(await client.ask(question.text, listener=listener, video_time_s=question.at_s))
+        await _sleep_until(started, frame.pts_s, speed)
+        jpeg = await asyncio.to_thread(encode_jpeg, frame.image, quality, max_side)
+        await client.send_frame(jpeg, pts_ms=round(frame.pts_s * 1000, 3))
+        video_time = frame.pts_s
+
+    for question in [*timed, *untimed]:
+        if answers:
+            await answers[-1].wait(answer_timeout_s)
+        answers.append(await client.ask(question.text, listener=listener, video_time_s=question.at_s))
+    for answer in answers:
+        await answer.wait(answer_timeout_s)
+    return StreamReport(client.frames, answers, time.perf_counter() - started, video_time)
+
+
+async def _sleep_until(started: float, video_time_s: float, speed: float) -> None:
+    """Wait for ``video_time_s`` of the source, played at ``speed`` (0: do not wait)."""
+    if speed > 0:
+        delay = started + video_time_s / speed - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def run_stream(
+    source: Path,
+    url: str,
+    questions: list[Question],
+    *,
+    config: dict[str, Any],
+    fps: float = 2.0,
+    speed: float = 1.0,
+    quality: int = 80,
+    max_side: int = 640,
+    api_key: str | None = None,
+    out: TextIO | None = None,
+) -> StreamReport:
+    """``livesight stream``: play ``source`` to the server at ``url``, print the answers.
+
+    Raises ``StreamError``, ``OSError``, ``FileNotFoundError`` or ``ValueError``.
+    """
+    out = out or sys.stdout
+    frames = open_source(source, fps)
+    printer = ConsolePrinter(out)
+    async with StreamClient.connect(url, config, api_key=api_key) as client:
+        for note in client.ready.get("notes", []):
+            out.write(f"note: {note}\n")
+        report = await stream_source(
+            client, frames, questions, speed=speed, quality=quality, max_side=max_side, listener=printer
+        )
+        await client.finish()
+    out.write(
+        f"\nsent {report.frames.sent} frames ({report.frames.accepted} accepted, {report.frames.filtered} filtered) "
+        f"covering {report.video_time_s:.1f} s of video in {report.duration_s:.1f} s\n"
+    )
+    return report
