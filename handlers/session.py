@@ -70,6 +70,7 @@ class Turn:
     plan: QueryPlan
     scope: anyio.CancelScope
     done: anyio.Event
+    received: float  # perf_counter when the query was read: timings count from here
 
 
 def _prepare_frame(data: str, frame_id: str | int | None) -> tuple[bytes, str, object]:
@@ -190,7 +191,7 @@ class Session:
                 else:
                     if isinstance(event, VideoQuery):
                         await self.interrupt()
-                    await queue.send(event)
+                    await queue.send((event, time.perf_counter()))
                     if isinstance(event, VideoDone):
                         return
 
@@ -208,14 +209,14 @@ class Session:
     # ------------------------------------------------------------------ processor
     async def _process(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
         async with queue:
-            async for event in queue:
+            async for event, received in queue:
                 try:
                     if isinstance(event, VideoFrame):
                         await self._on_frame(event)
                     elif isinstance(event, AudioChunkIn):
                         self.core.add_audio(event.data)
                     elif isinstance(event, VideoQuery):
-                        await self._on_query(event)
+                        await self._on_query(event, received)
                     elif isinstance(event, VideoDone):
                         await self._on_done()
                         return
@@ -266,11 +267,11 @@ class Session:
                 await pending.wait()
 
     # ------------------------------------------------------------------ answers
-    async def _on_query(self, event: VideoQuery) -> None:
+    async def _on_query(self, event: VideoQuery, received: float) -> None:
         await self.interrupt()  # a turn may have started between reader and processor
         plan = self.core.plan_query(event)
         # The turn exists from here on, so the warm loop starts no new prefill.
-        turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event())
+        turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event(), received)
         try:
             await self._frames_ready(plan.frames)
             self.core.settle_frames(plan)
@@ -291,7 +292,7 @@ class Session:
 
     async def _answer(self, turn: Turn) -> None:
         plan = turn.plan
-        started = time.perf_counter()
+        started = turn.received
         status, reason, usage = "interrupted", None, UsageInfo()
         ttft = first_audio = None
         text: list[str] = []
