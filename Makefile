@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test bench clean
+.PHONY: setup system-deps serve test bench clean
+
+# Debian packages the test suite drives (a real Chromium for the browser test).
+APT_PACKAGES := chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +22,11 @@ setup: $(STAMP)
 serve: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/livesight serve $(ARGS)
 
-test: $(STAMP)
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
+
+test: $(STAMP) system-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(ARGS)
 
 bench: $(STAMP)
