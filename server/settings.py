@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     decode_threads: int = Field(2, ge=1, le=64, description="threads for image decoding (whole server)")
     max_history_turns: int = Field(4, ge=0, le=64, description="previous answers kept in the prompt, as text")
     max_answer_tokens: int = Field(1024, ge=1, description="upper bound on sampling.max_tokens")
+    max_cached_images: int = Field(
+        128, ge=1, description="preprocessed images (pixel tensors) kept for re-prefill, whole server"
+    )
     max_cached_tokens: int = Field(
         200_000, ge=1, description="KV-cache tokens kept across all sessions (least recently used are dropped)"
     )

@@ -423,3 +423,20 @@ async def test_budget_never_evicts_a_running_answer(rig: Rig) -> None:
         expected = rig.reference.greedy(prompt)
         text, usage = texts[name]
         assert (text, usage.completion_tokens) == (rig.reference.text(expected), len(expected))
+
+
+async def test_pixel_cache_of_one_image_still_answers_exactly(rig: Rig) -> None:
+    """With room for one preprocessed image, evicted pixels are recomputed from the frame."""
+    engine = await rig.engine_with(max_cached_images=1, max_cached_tokens=1)
+    try:
+        query = prompt_for(FRAMES[:3], "What changed?")
+        for count in range(1, 4):
+            await engine.prefill("p", prompt_for(FRAMES[:count]))
+        assert_matches(rig, await ask(engine, "p", query), query)
+        # a budget of one token drops the idle cache: the next answer re-prefills every image
+        await engine.prefill("q", prompt_for(FRAMES[3:4]))
+        again = await ask(engine, "p", query)
+        assert again.usage.cached_tokens == 0
+        assert_matches(rig, again, query)
+    finally:
+        await engine.close()

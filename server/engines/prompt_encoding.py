@@ -15,25 +15,27 @@ which the image starts, and the text after it resumes at one past the largest.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from server.engines.base import AudioSegment, ImageSegment, Prompt, TextSegment
 
+V = TypeVar("V")
 _CUT = "\u0000livesight-cut\u0000"
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """A run of prompt tokens. Image pieces carry their processor outputs and are atomic:
-    a cache may end before or after one, never inside it."""
+    """A run of prompt tokens. Image pieces are atomic (a cache may end before or after
+    one, never inside it) and keep their source image, so their pixel inputs can be
+    computed again when they are no longer cached."""
 
     ids: tuple[int, ...]
     image_key: str | None = None
-    image_inputs: dict[str, torch.Tensor] | None = None
     grid: tuple[int, int, int] | None = None  # (t, h, w) in language-model tokens
+    source: ImageSegment | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +56,16 @@ FAMILIES = {
 class PromptEncoder:
     """Renders prompts with the model's chat template and encodes them into pieces."""
 
-    def __init__(self, processor: Any, family: str, image_cache_size: int = 512) -> None:
+    def __init__(self, processor: Any, family: str, max_cached_images: int = 128) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.family = FAMILIES[family]
         self.merge = int(getattr(processor.image_processor, "merge_size", 1) or 1)
-        self._images: OrderedDict[str, Piece] = OrderedDict()
-        self._image_cache_size = image_cache_size
-        self._texts: OrderedDict[str, Piece] = OrderedDict()
-        self._text_cache_size = 4 * image_cache_size
+        # An image's token layout is small and needed by every query over it; its pixel
+        # inputs are large and needed only when it is (re)computed into a KV cache.
+        self._layouts: _Lru[Piece] = _Lru(16 * max_cached_images)
+        self._pixels: _Lru[dict[str, torch.Tensor]] = _Lru(max_cached_images)
+        self._texts: _Lru[Piece] = _Lru(64 * max_cached_images)
 
     # ------------------------------------------------------------------ rendering
     def render(self, prompt: Prompt) -> list[str | ImageSegment]:
@@ -113,19 +116,27 @@ class PromptEncoder:
         cached = self._texts.get(text)
         if cached is None:
             cached = Piece(tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
-            self._texts[text] = cached
-            while len(self._texts) > self._text_cache_size:
-                self._texts.popitem(last=False)
-        else:
-            self._texts.move_to_end(text)
+            self._texts.put(text, cached)
         return cached
 
     def image_piece(self, image: ImageSegment) -> Piece:
-        """Processor outputs for one image, cached by content key."""
-        cached = self._images.get(image.key)
+        """The tokens of one image (its layout is cached by content key)."""
+        cached = self._layouts.get(image.key)
         if cached is not None:
-            self._images.move_to_end(image.key)
-            return cached
+            return Piece(cached.ids, image.key, cached.grid, image)
+        return self._process(image)
+
+    def pixel_inputs(self, piece: Piece) -> dict[str, torch.Tensor]:
+        """The processor's pixel inputs for an image piece (cached, else computed again)."""
+        inputs = self._pixels.get(piece.image_key)
+        if inputs is None:
+            if piece.source is None:
+                raise ValueError("an image piece without its source image")
+            self._process(piece.source)
+            inputs = self._pixels.get(piece.image_key)
+        return inputs
+
+    def _process(self, image: ImageSegment) -> Piece:
         out = self.processor(
             text=[self.family.processor_text],
             images=[[image.image]] if not self.family.mrope else [image.image],
@@ -138,10 +149,9 @@ class PromptEncoder:
         if "image_grid_thw" in out:
             t, h, w = (int(v) for v in out["image_grid_thw"][0])
             grid = (t, h // self.merge, w // self.merge)
-        piece = Piece(ids, image_key=image.key, image_inputs=inputs, grid=grid)
-        self._images[image.key] = piece
-        while len(self._images) > self._image_cache_size:
-            self._images.popitem(last=False)
+        piece = Piece(ids, image.key, grid, image)
+        self._layouts.put(image.key, Piece(ids, image.key, grid))
+        self._pixels.put(image.key, inputs)
         return piece
 
     # ------------------------------------------------------------------ positions
@@ -190,3 +200,23 @@ class PromptEncoder:
         if not rows:
             return torch.empty(3, 1, 0, dtype=torch.long), start
         return torch.cat(rows, dim=1).unsqueeze(1), pos
+
+
+class _Lru(Generic[V]):
+    """A dict bounded to ``size`` entries, dropping the least recently used."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str | None) -> V | None:
+        item = self._items.get(key) if key is not None else None
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, key: str, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)

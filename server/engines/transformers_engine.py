@@ -51,7 +51,9 @@ class TransformersEngine(Engine):
         max_cached_tokens: int = 200_000,
         prefill_chunk_tokens: int = 512,
         max_image_side: int = 1024,
+        max_cached_images: int = 128,
     ) -> None:
+        self.max_cached_images = max_cached_images
         self.model_path = model_path
         self.device = device
         self.dtype = dtype
@@ -77,7 +79,7 @@ class TransformersEngine(Engine):
         self.model = load_model(self.model_path, self.dtype, self.device, self.trust_remote_code)
         processor = load_processor(self.model_path, self.trust_remote_code)
         family = model_family(self.model.config)
-        self.encoder = PromptEncoder(processor, family)
+        self.encoder = PromptEncoder(processor, family, self.max_cached_images)
         stop = self.model.generation_config.eos_token_id
         stop = [stop] if isinstance(stop, int) else list(stop or [])
         if processor.tokenizer.eos_token_id is not None:
@@ -177,7 +179,7 @@ class TransformersEngine(Engine):
         """Append ``pieces`` to the session's cache; returns the logits after the last token."""
         ids = [i for p in pieces for i in p.ids]
         positions, _ = self.encoder.position_ids(pieces, cache.next_position)
-        inputs = _image_inputs(pieces, self.encoder.family.mrope)
+        inputs = _image_inputs(self.encoder, pieces)
         if cache.kv is None:
             cache.kv = new_cache(self.model.config)
         if self.encoder.family.mrope:
@@ -251,12 +253,12 @@ def _chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
     return steps
 
 
-def _image_inputs(pieces: list[Piece], mrope: bool) -> dict[str, torch.Tensor]:
+def _image_inputs(encoder: PromptEncoder, pieces: list[Piece]) -> dict[str, torch.Tensor]:
     """Concatenate the processor outputs of the images among ``pieces``."""
-    images = [p.image_inputs for p in pieces if p.image_inputs]
+    images = [encoder.pixel_inputs(p) for p in pieces if p.image_key is not None]
     if not images:
         return {}
-    dim = 0 if mrope else 1  # Qwen: (patches, dim) rows; Idefics3: (batch, images, ...)
+    dim = 0 if encoder.family.mrope else 1  # Qwen: (patches, dim) rows; Idefics3: (batch, images, ...)
     return {k: torch.cat([img[k] for img in images], dim=dim) for k in images[0]}
 
 
