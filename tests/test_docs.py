@@ -1,0 +1,34 @@
+"""The user docs stay true to the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from handlers.errors import ErrorCode
+from handlers.protocol import CLIENT_TYPES
+from server.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_configuration_doc_lists_every_setting() -> None:
+    """Every settings field appears in docs/configuration.md with its flag and variable."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for name in Settings.model_fields:
+        assert f"`--{name.replace('_', '-')}`" in text, name
+        assert f"`LIVESIGHT_{name.upper()}`" in text, name
+
+
+def test_protocol_doc_lists_every_type_and_code() -> None:
+    """Every client message type and error code is documented in docs/protocol.md."""
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    for kind in CLIENT_TYPES:
+        assert f"`{kind}`" in text, kind
+    for code in ErrorCode:
+        assert f"`{code.value}`" in text, code
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    """The README opens with the serve and test commands."""
+    head = (ROOT / "README.md").read_text().split("\n\n")[1]
+    assert "make serve" in head and "make test" in head
