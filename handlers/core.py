@@ -1,7 +1,7 @@
 """The session core: every decision of a session, with no I/O.
 
-It accepts or filters frames, evicts, buffers audio, selects frames, builds prompts and
-decides which error a bad input gets. The adapter in ``session.py`` feeds it events and
+It accepts or filters frames, evicts, buffers audio, detects spoken turns, selects frames,
+builds prompts and decides which error a bad input gets. The adapter in ``session.py`` feeds it events and
 carries out what it returns; tests can drive it directly.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -20,6 +21,7 @@ from handlers.protocol import (
     ConsumedFrame,
     FrameAck,
     FramesConsumed,
+    InputAudioTranscript,
     SessionConfig,
     SessionReady,
     VideoFrame,
@@ -27,6 +29,7 @@ from handlers.protocol import (
 )
 from handlers.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.selection import select_frames
+from handlers.turn_detection import RATE, SpeechStopped, TurnDetector, TurnEvent
 from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
 
 
@@ -55,6 +58,45 @@ class Limits:
     idle_timeout_s: float
     max_history_turns: int
     max_answer_tokens: int
+
+
+def _any_voice(voice: str) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class VoicePaths:
+    """How this server speaks and listens for a session.
+
+    ``output``: "native" (the engine speaks), a synthesizer's name, or None;
+    ``input``: "native" (the engine hears), a transcriber's name, or None;
+    ``turn_detection``: a voice activity detector is available (window size in samples).
+    """
+
+    output: str | None = None
+    input: str | None = None
+    vad_window: int | None = None
+    default_voice: str | None = None
+    knows_voice: Callable[[str], bool] = _any_voice
+
+    @property
+    def speaks(self) -> bool:
+        """True when answers are spoken by a synthesizer (not by the engine)."""
+        return self.output not in {None, "native"}
+
+    @property
+    def transcribes(self) -> bool:
+        """True when spoken questions are turned into text before the engine sees them."""
+        return self.input not in {None, "native"}
+
+
+@dataclass(frozen=True, slots=True)
+class SpokenQuestion:
+    """Audio that server turn detection found to be one question (16 kHz PCM16)."""
+
+    start_ms: float
+    end_ms: float
+    pcm16: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +140,19 @@ def _fid(frame_id: str | int | None) -> str | None:
 class SessionCore:
     """One session's state and decisions."""
 
-    def __init__(self, session_id: str, limits: Limits, capabilities: Capabilities) -> None:
+    def __init__(
+        self, session_id: str, limits: Limits, capabilities: Capabilities, voice: VoicePaths | None = None
+    ) -> None:
         self.session_id = session_id
         self.limits = limits
         self.capabilities = capabilities
+        self.voice = voice or VoicePaths(
+            output="native" if capabilities.audio_output else None,
+            input="native" if capabilities.audio_input else None,
+        )
+        self.detector: TurnDetector | None = None
+        self.audio_origin = 0  # stream sample index of audio[0] (sample 0 = the first audio received)
+        self.audio_total = 0  # samples received
         self.phase = Phase.AWAITING_CONFIG
         self.config = SessionConfig()
         self.buffer = FrameBuffer(self.config.max_frames)
@@ -135,9 +186,17 @@ class SessionCore:
                 update={"sampling": config.sampling.model_copy(update={"max_tokens": self.limits.max_answer_tokens})}
             )
             notes.append(f"sampling.max_tokens lowered to {self.limits.max_answer_tokens}")
-        if "audio" in config.modalities and not self.capabilities.audio_output:
+        if "audio" in config.modalities and self.voice.output is None:
             config = config.model_copy(update={"modalities": ["text"]})
             notes.append("audio output is not available on this server; answers are text only")
+        speaking = "audio" in config.modalities and self.voice.speaks
+        if speaking and (config.voice is None or not self.voice.knows_voice(config.voice)):
+            if config.voice is not None:
+                notes.append(f"voice {config.voice!r} is not available; using {self.voice.default_voice!r}")
+            config = config.model_copy(update={"voice": self.voice.default_voice})
+        if config.turn_detection is not None and self.voice.vad_window is None:
+            config = config.model_copy(update={"turn_detection": None})
+            notes.append("server turn detection is not available on this server; send video.query to ask")
         if config.model and config.model != self.capabilities.model:
             notes.append(f"model {config.model!r} is not served here; using {self.capabilities.model!r}")
         self.config = config
@@ -145,6 +204,9 @@ class SessionCore:
         self.buffer.bulk_eviction = self.warm_prefix
         threshold = config.frame_filter_threshold
         self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
+        if config.turn_detection is not None and self.voice.vad_window is not None:
+            turns = config.turn_detection
+            self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
         self.move_to(Phase.READY)
         effective = config.model_dump(exclude={"type"})
         effective["model"] = self.capabilities.model
@@ -153,7 +215,15 @@ class SessionCore:
             session_id=self.session_id,
             config=effective,
             limits={**asdict(self.limits), "max_frames": config.max_frames},
-            capabilities={**asdict(self.capabilities), "prefix_warmup_active": self.warm_prefix},
+            capabilities={
+                **asdict(self.capabilities),
+                "prefix_warmup_active": self.warm_prefix,
+                "audio_output": self.voice.output is not None,
+                "audio_input": self.voice.input is not None,
+                "voice_output": self.voice.output if "audio" in config.modalities else None,
+                "voice_input": self.voice.input,
+                "turn_detection": ["server_vad"] if self.voice.vad_window is not None else [],
+            },
             ignored_fields=config.ignored_fields,
             notes=notes,
         )
@@ -216,16 +286,55 @@ class SessionCore:
         return SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {reason}", frame_id=_fid(frame.frame_id))
 
     # ------------------------------------------------------------------ audio
-    def add_audio(self, data: str) -> None:
-        """Buffer a chunk of PCM16 audio. Raises ``invalid_audio`` or ``audio_overflow``."""
+    def add_audio(self, data: str) -> bytes:
+        """Buffer a chunk of PCM16 audio; returns its samples. Raises ``invalid_audio``, or
+        ``audio_overflow`` (without turn detection: with it, the oldest audio is dropped)."""
         pcm = self._pcm(data)
-        if len(self.audio) + len(pcm) > self.limits.max_audio_bytes:
+        self.audio_total += len(pcm) // 2
+        if self.detector is None and len(self.audio) + len(pcm) > self.limits.max_audio_bytes:
             self.audio.clear()
+            self.audio_origin = self.audio_total
             raise SessionError(
                 ErrorCode.AUDIO_OVERFLOW,
                 f"buffered audio would exceed {self.limits.max_audio_bytes} bytes; the buffer was cleared",
             )
         self.audio.extend(pcm)
+        excess = len(self.audio) - self.limits.max_audio_bytes
+        if excess > 0:
+            self._drop_audio_before(self.audio_origin + (excess + 1) // 2)
+        return pcm
+
+    def detect_turns(self, probabilities: list[float]) -> list[TurnEvent | SpokenQuestion]:
+        """Judge the next voice-activity windows (turn detection must be on).
+
+        Returns, in order, ``SpeechStarted`` for each start and, for each stop, the
+        ``SpeechStopped`` followed by the ``SpokenQuestion`` to answer (its audio runs from
+        ``prefix_padding_ms`` before the start to where the silence was complete). While
+        nobody speaks, only the padding's worth of audio is kept.
+        """
+        assert self.detector is not None and self.config.turn_detection is not None
+        padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
+        out: list[TurnEvent | SpokenQuestion] = []
+        for event in self.detector.feed(probabilities):
+            out.append(event)
+            if isinstance(event, SpeechStopped):
+                pcm = self._audio_between(event.start_sample - padding, event.detected_sample)
+                self._drop_audio_before(event.detected_sample)
+                out.append(SpokenQuestion(event.start_ms, event.end_ms, pcm))
+        if not self.detector.speaking:
+            self._drop_audio_before(self.detector.position - padding)
+        return out
+
+    def _audio_between(self, start: int, end: int) -> bytes:
+        lo = max(0, start - self.audio_origin) * 2
+        hi = max(0, end - self.audio_origin) * 2
+        return bytes(self.audio[lo:hi])
+
+    def _drop_audio_before(self, sample: int) -> None:
+        drop = sample - self.audio_origin
+        if drop > 0:
+            del self.audio[: drop * 2]
+            self.audio_origin += min(drop, self.audio_total - self.audio_origin)
 
     @staticmethod
     def _pcm(data: str) -> bytes:
@@ -240,7 +349,8 @@ class SessionCore:
         return select_frames(self.buffer.frames, self.config.num_frames, use_all=self.warm_prefix)
 
     def plan_query(self, event: VideoQuery) -> QueryPlan:
-        """Start an answer: pins its frames and takes the buffered audio.
+        """Start an answer: pins its frames and takes the buffered audio (with turn detection
+        on, the buffer belongs to the detector: only ``audio_data`` is taken).
 
         Raises ``no_frames`` when nothing is buffered, ``invalid_audio`` for bad audio.
         """
@@ -248,18 +358,44 @@ class SessionCore:
         frames = self.candidate_frames()
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send video.frame first")
-        pcm = bytes(self.audio) + extra
-        self.audio.clear()
+        pcm = extra
+        if self.detector is None:
+            pcm = bytes(self.audio) + extra
+            self.audio.clear()
+            self.audio_origin = self.audio_total
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
+        return self._plan(frames, event.text, audio)
+
+    def plan_spoken_query(self, question: SpokenQuestion) -> QueryPlan:
+        """Start an answer to a question turn detection found. Raises ``no_frames``."""
+        frames = self.candidate_frames()
+        if not frames:
+            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the spoken question; send video.frame first")
+        return self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
+
+    def _plan(self, frames: list[Frame], question: str, audio: AudioSegment | None) -> QueryPlan:
         self.buffer.pin(frames)
         sampling = self.config.sampling
         return QueryPlan(
             request_id=f"resp_{self.session_id[:8]}_{next(self._requests)}",
-            question=event.text,
+            question=question,
             frames=frames,
             audio=audio,
             sampling=Sampling(sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed),
         )
+
+    def needs_transcription(self, plan: QueryPlan) -> bool:
+        """True when the plan's audio must become text (the engine takes no audio)."""
+        return plan.audio is not None and self.voice.transcribes
+
+    def apply_transcript(self, plan: QueryPlan, transcript: str) -> InputAudioTranscript:
+        """The spoken words become the question (before any typed text) and replace the audio;
+        returns the ``input_audio.transcript`` event."""
+        assert plan.audio is not None
+        audio_ms = round(len(plan.audio.pcm16) / 2 * 1000 / RATE, 1)
+        plan.question = "\n".join(part for part in (transcript.strip(), plan.question.strip()) if part)
+        plan.audio = None
+        return InputAudioTranscript(request_id=plan.request_id, transcript=transcript, audio_ms=audio_ms)
 
     def settle_frames(self, plan: QueryPlan) -> None:
         """Drop the plan's frames whose decode failed. Raises ``no_frames`` if none is left."""

@@ -22,6 +22,8 @@ class ErrorCode(StrEnum):
     AUDIO_OVERFLOW = "audio_overflow"
     NO_FRAMES = "no_frames"
     ENGINE_ERROR = "engine_error"
+    SPEECH_FAILED = "speech_failed"
+    TRANSCRIPTION_FAILED = "transcription_failed"
     IDLE_TIMEOUT = "idle_timeout"
     TOO_MANY_SESSIONS = "too_many_sessions"
     UNAUTHORIZED = "unauthorized"

@@ -4,7 +4,8 @@ Client -> server (JSON text messages, each an object with a ``type``):
 
     session.config   first message: model, modalities, num_frames, max_frames, system_prompt,
                      use_audio_in_video, enable_frame_filter, frame_filter_threshold, sampling,
-                     sampling_params_list, voice, frame_timestamps, prefix_warmup
+                     sampling_params_list, voice, speech_rate, turn_detection,
+                     frame_timestamps, prefix_warmup
                      (aliases: num_sample_frames, evs_enabled, evs_threshold)
     video.frame      data (base64 JPEG/PNG/WebP), frame_id, pts_ms, source_pts_ms,
                      capture_ts_ms, quality_profile
@@ -18,7 +19,9 @@ Server -> client:
 
     session.ready, video.frame.ack, video.frames.consumed, response.start,
     response.text.delta, response.text.done, response.output_audio.delta,
-    response.output_audio.done, response.done, session.done, error, pong
+    response.output_audio.done, response.done, session.done, error, pong,
+    input_audio.speech_started, input_audio.speech_stopped   (server turn detection)
+    input_audio.transcript                                    (a spoken question as text)
 
 Incoming messages are parsed once, here, by ``parse_client_event``; outgoing events are
 built as models and serialised by ``encode``.
@@ -61,6 +64,30 @@ class SamplingConfig(BaseModel):
     seed: int | None = None
 
 
+class TurnDetection(BaseModel):
+    """``session.config.turn_detection``: the server finds where spoken questions end.
+
+    ``threshold``: speech probability that starts speech (higher ignores more noise);
+    ``silence_ms``: silence that ends it; ``prefix_padding_ms``: audio kept from before the
+    start. ``silence_duration_ms`` is accepted for ``silence_ms`` (OpenAI's name).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float = Field(0.5, ge=0.05, le=0.95)
+    silence_ms: int = Field(500, ge=100, le=5000)
+    prefix_padding_ms: int = Field(300, ge=0, le=2000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "silence_duration_ms" in data:
+            data = dict(data)
+            data.setdefault("silence_ms", data.pop("silence_duration_ms"))
+        return data
+
+
 _ALIASES = {
     "num_sample_frames": "num_frames",
     "evs_enabled": "enable_frame_filter",
@@ -84,7 +111,9 @@ class SessionConfig(_ClientEvent):
     frame_filter_threshold: float | None = Field(None, ge=0.0, le=1.0)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     sampling_params_list: list[dict[str, Any]] | None = None
-    voice: str | None = None
+    voice: str | None = Field(None, max_length=200)
+    speech_rate: float = Field(1.0, ge=0.5, le=2.0)
+    turn_detection: TurnDetection | None = None
     frame_timestamps: bool = True
     prefix_warmup: bool = True
 
@@ -302,6 +331,30 @@ class ResponseDone(ServerEvent):
     finish_reason: str | None = None
     usage: UsageInfo = Field(default_factory=UsageInfo)
     timings: Timings
+
+
+class InputAudioSpeechStarted(ServerEvent):
+    """Server turn detection heard speech start (ms since the session's first audio sample)."""
+
+    type: Literal["input_audio.speech_started"] = "input_audio.speech_started"
+    audio_start_ms: float
+
+
+class InputAudioSpeechStopped(ServerEvent):
+    """Server turn detection heard speech stop; an answer to it starts next."""
+
+    type: Literal["input_audio.speech_stopped"] = "input_audio.speech_stopped"
+    audio_start_ms: float
+    audio_end_ms: float
+
+
+class InputAudioTranscript(ServerEvent):
+    """A spoken question as text (for engines that take no audio); the answer uses it."""
+
+    type: Literal["input_audio.transcript"] = "input_audio.transcript"
+    request_id: str
+    transcript: str
+    audio_ms: float
 
 
 class SessionDone(ServerEvent):

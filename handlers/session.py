@@ -8,6 +8,11 @@ Control comes before media: the reader answers ``ping`` and interrupts a running
 (``response.cancel``, ``video.query``) the moment it reads them; frames, audio, queries and
 ``video.done`` then go in order through a bounded queue to the processor, so a question
 always sees the frames sent before it.
+
+Voice: with server turn detection the processor runs each audio chunk through the voice
+activity model; speech that starts interrupts the running answer (barge-in), speech that
+stops starts an answer. An answer first transcribes its audio when the engine cannot hear,
+and speaks its text sentence by sentence when the engine cannot speak (``speech.py``).
 """
 
 from __future__ import annotations
@@ -16,18 +21,30 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
 
 from handlers import blocking
-from handlers.core import FrameIntake, Limits, Phase, QueryPlan, SessionCore, decode_base64
+from handlers.core import (
+    FrameIntake,
+    Limits,
+    Phase,
+    QueryPlan,
+    SessionCore,
+    SpokenQuestion,
+    VoicePaths,
+    decode_base64,
+)
 from handlers.decoder import decode_image
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
 from handlers.frames import Frame, content_key
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
+    InputAudioSpeechStarted,
+    InputAudioSpeechStopped,
     Ping,
     Pong,
     ResponseAudioDelta,
@@ -49,8 +66,11 @@ from handlers.protocol import (
     parse_client_event,
 )
 from handlers.similarity import thumbnail
+from handlers.speech import NativeAudioTrim, SpokenAnswer
 from handlers.transport import Disconnected, Transport
-from server.engines.base import AudioChunk, Engine, EngineError, Finished, TextDelta
+from handlers.turn_detection import SpeechStarted, SpeechStopped
+from server.engines.base import AudioChunk, Capabilities, Engine, EngineError, Finished, TextDelta
+from server.speech.base import SpeechError, VadStream, Voice
 
 log = logging.getLogger("livesight.session")
 
@@ -70,7 +90,8 @@ class Turn:
     plan: QueryPlan
     scope: anyio.CancelScope
     done: anyio.Event
-    received: float  # perf_counter when the query was read: timings count from here
+    received: float  # perf_counter when the query was read (or speech stopped): timings count from here
+    first_audio_ms: float | None = None
 
 
 def _prepare_frame(data: str, frame_id: str | int | None) -> tuple[bytes, str, object]:
@@ -85,14 +106,31 @@ def _prepare_frame(data: str, frame_id: str | int | None) -> tuple[bytes, str, o
     return raw, content_key(raw), thumb
 
 
+def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
+    """What the engine does itself and what the voice stages add: native first, never both."""
+    voice = voice or Voice()
+    synth, asr = voice.synthesizer, voice.transcriber
+    return VoicePaths(
+        output="native" if capabilities.audio_output else (synth.name if synth else None),
+        input="native" if capabilities.audio_input else (asr.name if asr else None),
+        vad_window=voice.vad.window_samples if voice.vad else None,
+        default_voice=None if capabilities.audio_output or synth is None else synth.default_voice,
+        knows_voice=synth.knows_voice if synth and not capabilities.audio_output else (lambda v: True),
+    )
+
+
 class Session:
     """Runs one client connection from its first message to its end."""
 
-    def __init__(self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float) -> None:
+    def __init__(
+        self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None
+    ) -> None:
         self.id = uuid.uuid4().hex
         self.transport = transport
         self.engine = engine
-        self.core = SessionCore(self.id, limits, engine.capabilities)
+        self.voice = voice or Voice()
+        self.core = SessionCore(self.id, limits, engine.capabilities, voice_paths(engine.capabilities, voice))
+        self._vad_stream: VadStream | None = None
         self.config_timeout_s = config_timeout_s
         self.turn: Turn | None = None
         self._send_lock = anyio.Lock()
@@ -153,6 +191,8 @@ class Session:
             await self._fail(exc)
             return False
         await self.send(self.core.configure(event))
+        if self.core.detector is not None and self.voice.vad is not None:
+            self._vad_stream = self.voice.vad.open_stream()
         return True
 
     async def _fail(self, exc: SessionError) -> None:
@@ -214,7 +254,7 @@ class Session:
                     if isinstance(event, VideoFrame):
                         await self._on_frame(event)
                     elif isinstance(event, AudioChunkIn):
-                        self.core.add_audio(event.data)
+                        await self._on_audio(event)
                     elif isinstance(event, VideoQuery):
                         await self._on_query(event, received)
                     elif isinstance(event, VideoDone):
@@ -266,10 +306,34 @@ class Session:
             if pending is not None:
                 await pending.wait()
 
+    # ------------------------------------------------------------------ microphone
+    async def _on_audio(self, event: AudioChunkIn) -> None:
+        """Buffer microphone audio; with turn detection, act on speech starting and stopping."""
+        pcm = self.core.add_audio(event.data)
+        if self._vad_stream is None or self.voice.vad is None:
+            return
+        try:
+            probabilities = await self.voice.vad.probabilities(self._vad_stream, pcm)
+        except SpeechError as exc:
+            log.warning("voice activity detection failed: %s", exc)
+            raise SessionError(ErrorCode.INTERNAL_ERROR, "turn detection failed on this audio") from None
+        for decision in self.core.detect_turns(probabilities):
+            if isinstance(decision, SpeechStarted):
+                await self.send(InputAudioSpeechStarted(audio_start_ms=decision.start_ms))
+                await self.interrupt()  # barge-in: the speaker talks over the answer
+            elif isinstance(decision, SpeechStopped):
+                await self.send(InputAudioSpeechStopped(audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms))
+            elif isinstance(decision, SpokenQuestion):
+                await self.interrupt()
+                await self._start_turn(self.core.plan_spoken_query(decision), time.perf_counter())
+
     # ------------------------------------------------------------------ answers
     async def _on_query(self, event: VideoQuery, received: float) -> None:
         await self.interrupt()  # a turn may have started between reader and processor
-        plan = self.core.plan_query(event)
+        await self._start_turn(self.core.plan_query(event), received)
+
+    async def _start_turn(self, plan: QueryPlan, received: float) -> None:
+        """Wait for the plan's frames, stop warmup, then start the answer task."""
         # The turn exists from here on, so the warm loop starts no new prefill.
         turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event(), received)
         try:
@@ -294,13 +358,20 @@ class Session:
         plan = turn.plan
         started = turn.received
         status, reason, usage = "interrupted", None, UsageInfo()
-        ttft = first_audio = None
+        ttft = None
         text: list[str] = []
+        spoken: SpokenAnswer | None = None
         try:
             await self.send(ResponseStart(request_id=plan.request_id))
             with turn.scope:
+                if self.core.needs_transcription(plan):
+                    await self._transcribe(plan)
+                spoken = await self._start_speech(turn)
+                trim = NativeAudioTrim(self.voice.native_trim_ms)
+                wants_audio = "audio" in self.core.config.modalities
                 prompt = self.core.query_prompt(plan)
                 stream = self.engine.generate(self.id, plan.request_id, prompt, plan.sampling)
+                finished: Finished | None = None
                 try:
                     async for out in stream:
                         if ttft is None:
@@ -309,15 +380,25 @@ class Session:
                         if isinstance(out, TextDelta):
                             text.append(out.text)
                             await self.send(ResponseTextDelta(request_id=plan.request_id, delta=out.text))
+                            if spoken is not None:
+                                await spoken.add_text(out.text)
                         elif isinstance(out, AudioChunk):
-                            first_audio = first_audio or (time.perf_counter() - started) * 1000
-                            await self.send(ResponseAudioDelta(request_id=plan.request_id, data=_b64(out.wav)))
+                            wav = trim.apply(out.wav) if wants_audio and spoken is None else b""
+                            if wav:  # the engine's own voice: passed on, never re-synthesized
+                                await self._send_audio(turn, wav)
                         elif isinstance(out, Finished):
-                            status, reason = "completed", out.finish_reason
+                            finished = out
                             usage = UsageInfo(**asdict(out.usage))
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stream.aclose()  # aborts the engine request if it is still running
+                if spoken is not None:
+                    await spoken.finish()
+                if finished is not None:
+                    status, reason = "completed", finished.finish_reason
+        except SessionError as exc:
+            status, reason = "failed", "error"
+            await self.report(exc)
         except EngineError as exc:
             log.warning("engine failed request %s: %s", plan.request_id, exc)
             status, reason = "failed", "error"
@@ -330,12 +411,47 @@ class Session:
             await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"))
         finally:
             with anyio.CancelScope(shield=True):
+                if spoken is not None:
+                    await spoken.cancel()  # nothing of this answer is spoken after its response.done
                 self.core.finish(plan, "".join(text) if status != "failed" else None)
-                await self._finish_answer(plan, status, reason, usage, ttft, first_audio, started, "".join(text))
+                await self._finish_answer(plan, status, reason, usage, ttft, turn.first_audio_ms, started, "".join(text))
                 self.turn = None
                 turn.done.set()
                 if self.core.warm_prefix:
                     self._warm_wanted.set()
+
+    async def _transcribe(self, plan: QueryPlan) -> None:
+        """Turn the plan's audio into its question; sends ``input_audio.transcript``.
+        Raises ``transcription_failed``."""
+        assert plan.audio is not None and self.voice.transcriber is not None
+        try:
+            transcript = await self.voice.transcriber.transcribe(plan.audio.pcm16)
+        except SpeechError as exc:
+            log.warning("transcription failed for %s: %s", plan.request_id, exc)
+            raise SessionError(ErrorCode.TRANSCRIPTION_FAILED, "the spoken question could not be transcribed") from None
+        await self.send(self.core.apply_transcript(plan, transcript))
+
+    async def _start_speech(self, turn: Turn) -> SpokenAnswer | None:
+        """A running speaker for this answer when the session wants audio the engine cannot make."""
+        config = self.core.config
+        synthesizer = self.voice.synthesizer
+        if "audio" not in config.modalities or not self.core.voice.speaks or synthesizer is None:
+            return None
+        spoken = SpokenAnswer(
+            synthesizer, config.voice or synthesizer.default_voice, config.speech_rate,
+            max_sentence_chars=self.voice.max_sentence_chars,
+            max_pending_sentences=self.voice.max_pending_sentences,
+            pause_ms=self.voice.sentence_pause_ms,
+            deliver=partial(self._send_audio, turn),
+            report=self.report,
+        )
+        await self._tg.start(spoken.run)
+        return spoken
+
+    async def _send_audio(self, turn: Turn, wav: bytes) -> None:
+        if turn.first_audio_ms is None:
+            turn.first_audio_ms = (time.perf_counter() - turn.received) * 1000
+        await self.send(ResponseAudioDelta(request_id=turn.plan.request_id, data=_b64(wav)))
 
     async def _finish_answer(
         self, plan: QueryPlan, status: str, reason: str | None, usage: UsageInfo,

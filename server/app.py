@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -22,9 +22,11 @@ from handlers.frames import live_frame_count
 from handlers.protocol import ErrorEvent, encode
 from handlers.session import Session
 from handlers.transport import Disconnected
+from server.auth import AccessPolicy, warn_if_open
 from server.engines import create_engine
 from server.engines.base import Engine
 from server.settings import Settings
+from server.speech import create_voice
 
 log = logging.getLogger("livesight.server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -65,6 +67,8 @@ class WebSocketTransport:
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """Build the app. Without ``engine``, the one named by ``settings`` is created at start-up."""
     sessions: set[Session] = set()
+    access = AccessPolicy([k.get_secret_value() for k in settings.api_keys], settings.allowed_origins)
+    warn_if_open(settings.host, access)
     blocking.configure(settings.decode_threads)
     limits = Limits(
         max_frame_bytes=settings.max_frame_bytes,
@@ -77,12 +81,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.voice = create_voice(settings)  # checks the voice settings before anything loads
         app.state.engine = engine or create_engine(settings)
         await app.state.engine.start()
-        log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
         try:
+            await app.state.voice.start()
+            log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
             yield
         finally:
+            await app.state.voice.close()
             await app.state.engine.close()
 
     app = FastAPI(title="livesight", lifespan=lifespan)
@@ -92,7 +99,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         return {"status": "ok", "engine": asdict(app.state.engine.capabilities), "sessions": len(sessions)}
 
     @app.get("/metrics")
-    async def metrics() -> JSONResponse:
+    async def metrics(request: Request) -> JSONResponse:
+        if not access.http_key(request.headers, request.query_params):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
         gc.collect()
         return JSONResponse(
             {
@@ -106,12 +115,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:
-        await ws.accept()
+        verdict = access.check(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))
+        await ws.accept(subprotocol=verdict.subprotocol)
         transport = WebSocketTransport(ws, settings.max_message_bytes)
+        if verdict.refusal is not None:
+            log.info("refused a connection: %s", verdict.refusal.value)
+            await _refuse(transport, verdict.refusal, verdict.message)
+            return
         if len(sessions) >= settings.max_sessions:
             await _refuse(transport, ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {settings.max_sessions} sessions")
             return
-        session = Session(transport, app.state.engine, limits, settings.config_timeout_s)
+        session = Session(transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice)
         sessions.add(session)
         try:
             await session.run()

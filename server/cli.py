@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     p_intake.add_argument("--model", default=None)
     p_intake.add_argument("--frames", type=int, default=200)
 
+    p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
+    p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
+    p_voice.add_argument("--max-tokens", type=int, default=200, help="length of each timed answer")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -145,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.bench == "ttft":
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
+        elif args.bench == "voice":
+            from server.bench_voice import run_voice
+
+            print(run_voice(args.model, args.answers, args.max_tokens))
         else:
             from server.bench import run_intake
 

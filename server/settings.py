@@ -7,11 +7,12 @@ reads the environment.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MiB = 1024 * 1024
 
@@ -28,7 +29,9 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 = any free port)")
-    engine: Literal["transformers"] = Field("transformers", description="inference engine")
+    engine: Literal["transformers", "vllm", "openai"] = Field(
+        "transformers", description="inference engine: transformers (embedded), vllm (in process), openai (remote)"
+    )
     model: str | None = Field(None, description="model path or id; none = the generated demo model")
     device: str = Field("cpu", description="torch device for the transformers engine (cpu, cuda, cuda:1)")
     dtype: str = Field("auto", description="model dtype: auto, float32, bfloat16, float16")
@@ -57,3 +60,104 @@ class Settings(BaseSettings):
     max_cached_tokens: int = Field(
         200_000, ge=1, description="KV-cache tokens kept across all sessions (least recently used are dropped)"
     )
+
+    # vLLM engine (engine=vllm): passed through to vLLM's engine arguments.
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs each layer is split across (tensor parallel)")
+    pipeline_parallel_size: int = Field(1, ge=1, description="vLLM: stages (GPUs or nodes) the layers are split across")
+    max_model_len: int | None = Field(
+        None, ge=16, description="vLLM: longest prompt plus answer in tokens (none: the model's)"
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM: fraction of each GPU's memory it may take (none: vLLM's default)"
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="vLLM: KV-cache size in bytes, instead of a memory fraction (needed on CPU)"
+    )
+    enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs or compilation (starts faster, runs slower)")
+    max_images_per_prompt: int = Field(
+        64, ge=1, le=256, description="vLLM: most frames one prompt may carry (its limit_mm_per_prompt)"
+    )
+    vllm_args: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict, description='vLLM: any other engine arguments as JSON, e.g. {"max_num_seqs": 32}'
+    )
+
+    # Remote engine (engine=openai).
+    openai_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="OpenAI-compatible servers, comma-separated; each session sticks to one"
+    )
+    openai_api_key: SecretStr | None = Field(None, description="bearer token sent to the OpenAI-compatible servers")
+    openai_timeout_s: float = Field(120.0, gt=0, description="longest wait for a remote server's next byte")
+    openai_health_interval_s: float = Field(
+        5.0, gt=0, description="how long a replica that failed its health check is skipped before the next check"
+    )
+    openai_audio: bool = Field(
+        False, description="ask the remote server for spoken answers too (vLLM-Omni: modalities text and audio)"
+    )
+
+    # Voice: speech out when the engine has no voice, microphone in, server turn detection.
+    speech: Literal["espeak", "openai", "off"] = Field(
+        "espeak",
+        description="how answers are spoken when the engine has no voice: espeak (embedded), openai (speech_url), off",
+    )
+    speech_url: str | None = Field(None, description="OpenAI-compatible server for /v1/audio/speech (speech=openai)")
+    speech_model: str = Field("tts-1", description="model named in /v1/audio/speech requests")
+    speech_voice: str | None = Field(None, description="voice when a session names none (espeak: en-us, openai: alloy)")
+    speech_api_key: SecretStr | None = Field(None, description="bearer token for speech_url")
+    transcription: Literal["pocketsphinx", "openai", "off"] = Field(
+        "pocketsphinx",
+        description="how spoken questions become text for engines that take no audio: pocketsphinx (embedded), "
+        "openai (transcription_url), off",
+    )
+    transcription_url: str | None = Field(
+        None, description="OpenAI-compatible server for /v1/audio/transcriptions (transcription=openai)"
+    )
+    transcription_model: str = Field("whisper-1", description="model named in /v1/audio/transcriptions requests")
+    transcription_language: str | None = Field(None, description="language hint for remote transcription (ISO 639-1)")
+    transcription_api_key: SecretStr | None = Field(None, description="bearer token for transcription_url")
+    transcription_workers: int = Field(
+        1, ge=1, le=16, description="questions transcribed at once, whole server (pocketsphinx: decoders loaded)"
+    )
+    speech_workers: int = Field(4, ge=1, le=64, description="remote speech requests at once, whole server")
+    voice_timeout_s: float = Field(30.0, gt=0, description="longest remote speech or transcription request")
+    server_vad: bool = Field(True, description="offer server turn detection (Silero VAD) to sessions")
+    speech_max_sentence_chars: int = Field(
+        160, ge=16, le=4000, description="longest text spoken as one piece; longer sentences are cut at a space"
+    )
+    speech_max_pending_sentences: int = Field(
+        16, ge=1, le=1024, description="sentences waiting for speech per answer (generation waits beyond it)"
+    )
+    speech_sentence_pause_ms: float = Field(
+        120.0, ge=0, le=2000, description="silence after each spoken sentence (sentences are synthesized apart)"
+    )
+    native_audio_trim_ms: float = Field(
+        20.0, ge=0, le=1000, description="cut from the start of each answer's engine audio (codec start-up artefact)"
+    )
+
+    # Access control (off when api_keys is empty).
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="keys a client must present (Bearer, X-API-Key, subprotocol or ?api_key=), comma-separated",
+    )
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="browser origins allowed to connect, comma-separated (empty: any; no Origin: always)",
+    )
+
+    @field_validator("openai_urls", "api_keys", "allowed_origins", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        """A flag or environment variable gives a comma-separated string (or a JSON list)."""
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                return json.loads(value)
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("vllm_args", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        """A flag or environment variable gives the engine arguments as a JSON object."""
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value

@@ -132,3 +132,9 @@ def tiny_model_path_for_module() -> str:
 @pytest.fixture(scope="session", autouse=True)
 def _remember_model(tiny_model_dir: Path) -> None:
     _MODULE_MODEL.append(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def idefics3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Idefics3 (SmolVLM's family): the model vLLM loads natively, no torchvision needed."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-idefics3"), family="idefics3")

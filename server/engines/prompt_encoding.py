@@ -53,6 +53,34 @@ FAMILIES = {
 }
 
 
+def render_chat(template_owner: Any, prompt: Prompt) -> tuple[str, list[ImageSegment]]:
+    """Render ``prompt`` with ``template_owner.apply_chat_template`` (a processor or tokenizer).
+
+    Returns the text, with the model's own image placeholders, and the prompt's images in
+    order. An open turn is cut right after its last segment, with no end of turn and no
+    generation prompt, so its text is a prefix of any prompt that continues it. Audio
+    segments are left out (no engine here takes audio input yet).
+    """
+    messages, images = [], []
+    for index, turn in enumerate(prompt.turns):
+        parts: list[dict[str, str]] = []
+        for seg in turn.segments:
+            if isinstance(seg, TextSegment):
+                parts.append({"type": "text", "text": seg.text})
+            elif isinstance(seg, ImageSegment):
+                parts.append({"type": "image"})
+                images.append(seg)
+            elif isinstance(seg, AudioSegment):
+                continue
+        if prompt.open_turn and index == len(prompt.turns) - 1:
+            parts.append({"type": "text", "text": _CUT})
+        messages.append({"role": turn.role, "content": parts})
+    text = template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=not prompt.open_turn)
+    if prompt.open_turn:
+        text = text[: text.index(_CUT)]
+    return text, images
+
+
 class PromptEncoder:
     """Renders prompts with the model's chat template and encodes them into pieces."""
 
@@ -70,25 +98,7 @@ class PromptEncoder:
     # ------------------------------------------------------------------ rendering
     def render(self, prompt: Prompt) -> list[str | ImageSegment]:
         """Return the prompt as text runs and images, in order."""
-        messages, images = [], []
-        for index, turn in enumerate(prompt.turns):
-            parts: list[dict[str, str]] = []
-            for seg in turn.segments:
-                if isinstance(seg, TextSegment):
-                    parts.append({"type": "text", "text": seg.text})
-                elif isinstance(seg, ImageSegment):
-                    parts.append({"type": "image"})
-                    images.append(seg)
-                elif isinstance(seg, AudioSegment):
-                    continue  # this engine takes no audio input
-            if prompt.open_turn and index == len(prompt.turns) - 1:
-                parts.append({"type": "text", "text": _CUT})
-            messages.append({"role": turn.role, "content": parts})
-        text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=not prompt.open_turn
-        )
-        if prompt.open_turn:
-            text = text[: text.index(_CUT)]
+        text, images = render_chat(self.processor, prompt)
         chunks = text.split(self.family.placeholder)
         if len(chunks) != len(images) + 1:
             raise ValueError("the chat template did not render one placeholder per image")

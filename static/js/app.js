@@ -141,6 +141,7 @@ class App {
     if (Number.isFinite(threshold)) config.frame_filter_threshold = Math.min(1, Math.max(0, threshold));
     const prompt = $("system-prompt").value.trim();
     if (prompt) config.system_prompt = prompt;
+    if ($("turn-detection").checked) config.turn_detection = { type: "server_vad" };
     return config;
   }
 
@@ -307,6 +308,12 @@ class App {
       }
       case "response.output_audio.delta":
         if (!this.cancelled.has(event.request_id)) this.playAudio(event.data);
+        break;
+      case "input_audio.speech_started":
+        this.player?.stop(); // barge-in: the speaker talks over the answer
+        break;
+      case "input_audio.transcript":
+        if (event.transcript) this.showMessage(`Heard: “${event.transcript}”`, "info", "transcript");
         break;
       case "response.done":
         this.lastDone = event;

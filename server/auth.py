@@ -1,0 +1,117 @@
+"""Who may open a session: API keys and allowed browser origins.
+
+Both are off by default. With ``api_keys`` set, a client presents one of them as
+``Authorization: Bearer KEY``, ``X-API-Key: KEY``, a WebSocket subprotocol
+``livesight.api-key.KEY`` (browsers cannot set headers on a WebSocket; offer it beside
+``livesight.v1``, which the server then selects) or ``?api_key=KEY`` (simplest for a browser
+page, but the key lands in access logs). Keys are compared in constant time. With
+``allowed_origins`` set, a browser whose ``Origin`` is not listed is refused; clients that
+send no ``Origin`` (anything but a browser) are not affected, which is what the header is for.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from handlers.errors import ErrorCode
+
+log = logging.getLogger("livesight.server")
+
+SUBPROTOCOL = "livesight.v1"
+KEY_SUBPROTOCOL_PREFIX = "livesight.api-key."
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of a connection check: a refusal code (None: allowed) and the subprotocol to accept."""
+
+    refusal: ErrorCode | None
+    message: str = ""
+    subprotocol: str | None = None
+
+
+class AccessPolicy:
+    """Decides whether a connection may open a session."""
+
+    def __init__(self, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ()) -> None:
+        self._keys = [k.encode("utf-8") for k in api_keys if k]
+        origins = {_origin(o) for o in allowed_origins if o.strip()}
+        self._any_origin = "*" in origins
+        self._origins = origins - {"*"}
+
+    @property
+    def requires_key(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> Verdict:
+        """Check a WebSocket handshake (header names in lower case, as ASGI gives them)."""
+        subprotocol = _choose_subprotocol(subprotocols)
+        origin = headers.get("origin")
+        if origin is not None and self._origins and not self._any_origin and _origin(origin) not in self._origins:
+            return Verdict(ErrorCode.FORBIDDEN_ORIGIN, "this origin may not connect", subprotocol)
+        if self._keys and not self.key_matches(_presented_key(headers, query, subprotocols)):
+            return Verdict(ErrorCode.UNAUTHORIZED, "a valid API key is required", subprotocol)
+        return Verdict(None, "", subprotocol)
+
+    def key_matches(self, presented: str | None) -> bool:
+        """True when ``presented`` is one of the keys (every key is compared, in constant time)."""
+        if presented is None:
+            return False
+        candidate = presented.encode("utf-8")
+        matched = False
+        for key in self._keys:
+            matched |= hmac.compare_digest(candidate, key)
+        return matched
+
+    def http_key(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+        """True when an HTTP request may see protected endpoints (always, with no keys set)."""
+        return not self._keys or self.key_matches(_presented_key(headers, query, ()))
+
+
+def warn_if_open(host: str, policy: AccessPolicy) -> bool:
+    """Log a warning when the server listens beyond this machine with no API key; returns True if it did."""
+    if policy.requires_key or _is_loopback(host):
+        return False
+    log.warning(
+        "listening on %s with no API key: anyone who can reach this address can use the model. "
+        "Set api_keys (LIVESIGHT_API_KEYS) for a public deployment.",
+        host,
+    )
+    return True
+
+
+def _presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    if headers.get("x-api-key"):
+        return headers["x-api-key"].strip()
+    for proto in subprotocols:
+        if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return proto[len(KEY_SUBPROTOCOL_PREFIX) :]
+    return query.get("api_key") or None
+
+
+def _choose_subprotocol(offered: Sequence[str]) -> str | None:
+    """The subprotocol to accept: a browser that offered any must get one of them back."""
+    if SUBPROTOCOL in offered:
+        return SUBPROTOCOL
+    return offered[0] if offered else None
+
+
+def _origin(value: str) -> str:
+    return value.strip().rstrip("/").lower()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere

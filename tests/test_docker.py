@@ -1,0 +1,75 @@
+"""The deployment files in docker/: compose files valid (Debian's docker-compose), Dockerfile sane.
+
+No Docker engine runs here; `docker-compose config` parses, validates and interpolates the
+files, which is what can be checked without one.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+MODEL = "example-org/Some-VL-Model"
+
+
+def _config(compose_file: str, **env: str) -> dict:
+    """The compose file as docker-compose resolves it, with ``env`` as the variables."""
+    tool = shutil.which("docker-compose")
+    if tool is None:  # a missing tool must fail the suite, not skip it
+        pytest.fail("docker-compose is not installed (Debian: apt-get install docker-compose)")
+    result = subprocess.run(
+        [tool, "-f", str(DOCKER / compose_file), "config"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def _gpu_reserved(service: dict) -> bool:
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    return any("gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_two_service_compose_is_valid() -> None:
+    """docker-compose.yml: vLLM (GPU, model cache, prefix caching, health check) and livesight on it."""
+    config = _config("docker-compose.yml", MODEL=MODEL, TENSOR_PARALLEL_SIZE="2")
+    vllm, livesight = config["services"]["vllm"], config["services"]["livesight"]
+    assert vllm["image"].startswith("vllm/vllm-openai:")
+    assert _gpu_reserved(vllm) and "healthcheck" in vllm
+    assert f"--model={MODEL}" in vllm["command"] and "--enable-prefix-caching" in vllm["command"]
+    assert "--tensor-parallel-size=2" in vllm["command"]
+    assert any(str(v).startswith("model-cache:") for v in vllm["volumes"])  # the model cache volume
+    env = livesight["environment"]
+    assert env["LIVESIGHT_ENGINE"] == "openai" and env["LIVESIGHT_MODEL"] == MODEL
+    assert env["LIVESIGHT_OPENAI_URLS"] == "http://vllm:8000"
+    assert livesight["depends_on"]["vllm"]["condition"] == "service_healthy"
+    assert livesight["build"]["dockerfile"] == "docker/Dockerfile"
+
+
+def test_single_container_compose_is_valid() -> None:
+    """docker-compose.single.yml: one container, vLLM in process, on the GPU."""
+    config = _config("docker-compose.single.yml", MODEL=MODEL, PIPELINE_PARALLEL_SIZE="2")
+    (service,) = config["services"].values()
+    env = service["environment"]
+    assert env["LIVESIGHT_ENGINE"] == "vllm" and env["LIVESIGHT_MODEL"] == MODEL
+    assert str(env["LIVESIGHT_PIPELINE_PARALLEL_SIZE"]) == "2"
+    assert _gpu_reserved(service) and "healthcheck" in service
+
+
+def test_dockerfile_builds_on_vllm_image_and_keeps_its_torch() -> None:
+    """The image is the official vLLM one plus livesight, without replacing its torch/transformers."""
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert "ARG VLLM_IMAGE=vllm/vllm-openai:" in dockerfile and "FROM ${VLLM_IMAGE}" in dockerfile
+    assert 'ENTRYPOINT ["livesight", "serve"]' in dockerfile
+    script = runpy.run_path(str(DOCKER / "runtime_requirements.py"))
+    requirements = script["runtime_requirements"](str(DOCKER.parent / "pyproject.toml"))
+    names = {script["requirement_name"](r) for r in requirements}
+    assert "fastapi" in names and "httpx" in names
+    assert not names & {"torch", "transformers", "tokenizers"}

