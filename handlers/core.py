@@ -1,7 +1,8 @@
 """The session core: every decision of a session, with no I/O.
 
 It accepts or filters frames, evicts, buffers audio, detects spoken turns, selects frames,
-builds prompts and decides which error a bad input gets. The adapter in ``session.py`` feeds it events and
+keeps the session's timeline (``timeline.py``) and renders prompts from it, and decides which
+error a bad input gets. The adapter in ``session.py`` feeds it events and
 carries out what it returns; tests can drive it directly.
 """
 
@@ -16,7 +17,7 @@ from enum import Enum
 
 from handlers.errors import ErrorCode, SessionError
 from handlers.frames import Frame, FrameBuffer
-from handlers.prompt import Exchange, build_prompt, frame_time_s
+from handlers.prompt import frame_time_s, render_timeline
 from handlers.protocol import (
     ConsumedFrame,
     FrameAck,
@@ -28,7 +29,7 @@ from handlers.protocol import (
     VideoQuery,
 )
 from handlers.similarity import DEFAULT_THRESHOLD, SimilarityFilter
-from handlers.selection import select_frames
+from handlers.timeline import Exchange, Timeline, interrupted_answer
 from handlers.turn_detection import RATE, SpeechStopped, TurnDetector, TurnEvent
 from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
 
@@ -58,6 +59,7 @@ class Limits:
     idle_timeout_s: float
     max_history_turns: int
     max_answer_tokens: int
+    max_history_tokens: int = 1024
 
 
 def _any_voice(voice: str) -> bool:
@@ -110,7 +112,8 @@ class FrameIntake:
 
 @dataclass
 class QueryPlan:
-    """One answer: its frames (pinned until ``finish``), question and audio."""
+    """One answer: its frames (pinned until ``finish``), question and audio; ``used`` is the
+    frames its prompt holds (set by ``query_prompt``)."""
 
     request_id: str
     question: str
@@ -118,6 +121,8 @@ class QueryPlan:
     audio: AudioSegment | None
     sampling: Sampling
     text: list[str] = field(default_factory=list)
+    used: list[Frame] = field(default_factory=list)
+    prompted: bool = False
 
 
 def decode_base64(data: str, code: ErrorCode, what: str, frame_id: str | int | None = None) -> bytes:
@@ -157,7 +162,7 @@ class SessionCore:
         self.config = SessionConfig()
         self.buffer = FrameBuffer(self.config.max_frames)
         self.filter = SimilarityFilter(DEFAULT_THRESHOLD, True)
-        self.history: list[Exchange] = []
+        self.timeline = Timeline(self.config.num_frames or 4)
         self.audio = bytearray()
         self.origin: Frame | None = None
         self._seq = itertools.count()
@@ -175,7 +180,16 @@ class SessionCore:
     @property
     def warm_prefix(self) -> bool:
         """True when this session keeps the engine's prefix warm."""
-        return self.config.prefix_warmup and self.capabilities.warm_prefix
+        return self.warm_prefix_for(self.config)
+
+    def warm_prefix_for(self, config: SessionConfig) -> bool:
+        """True when a session with ``config`` keeps the engine's prefix warm."""
+        return config.prefix_warmup and self.capabilities.warm_prefix
+
+    @property
+    def history(self) -> list[Exchange]:
+        """The questions and answers of the timeline, oldest first (text history, then live turns)."""
+        return [*self.timeline.history, *(Exchange(t.question, t.answer) for t in self.timeline.turns)]
 
     # ------------------------------------------------------------------ config
     def configure(self, config: SessionConfig) -> SessionReady:
@@ -199,7 +213,11 @@ class SessionCore:
             notes.append("server turn detection is not available on this server; send video.query to ask")
         if config.model and config.model != self.capabilities.model:
             notes.append(f"model {config.model!r} is not served here; using {self.capabilities.model!r}")
+        if config.num_frames is None:
+            # vLLM-Omni's default without a warm prefix; with one, the whole window
+            config = config.model_copy(update={"num_frames": config.max_frames if self.warm_prefix_for(config) else 4})
         self.config = config
+        self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
         self.buffer = FrameBuffer(config.max_frames)
         self.buffer.bulk_eviction = self.warm_prefix
         threshold = config.frame_filter_threshold
@@ -345,8 +363,11 @@ class SessionCore:
 
     # ------------------------------------------------------------------ queries
     def candidate_frames(self) -> list[Frame]:
-        """The frames a query would use now (some may still be decoding)."""
-        return select_frames(self.buffer.frames, self.config.num_frames, use_all=self.warm_prefix)
+        """The frames a query may use now (some may still be decoding): the timeline's, then
+        the buffered frames that arrived after the last one it considered."""
+        held = self.timeline.frames
+        newer = [f for f in self.buffer.frames if not held or f.seq > held[-1].seq]
+        return [f for f in held if f.in_window] + newer
 
     def plan_query(self, event: VideoQuery) -> QueryPlan:
         """Start an answer: pins its frames and takes the buffered audio (with turn detection
@@ -406,20 +427,33 @@ class SessionCore:
             raise SessionError(ErrorCode.NO_FRAMES, "no usable frame is buffered")
 
     def query_prompt(self, plan: QueryPlan) -> Prompt:
-        """The prompt for a planned answer (its frames must be decoded)."""
-        return build_prompt(
+        """The prompt for a planned answer (its frames must be decoded): the timeline with the
+        plan's new frames admitted (its newest always) and the question closing the open turn.
+        Sets ``plan.used``, the frames the prompt holds."""
+        timeline = self.timeline
+        timeline.forget_evicted()
+        usable = [f for f in plan.frames if f.image is not None]
+        timeline.admit(usable, newest=usable[-1] if usable else None)
+        plan.used = timeline.frames
+        plan.prompted = True
+        return self._render(plan.question, plan.audio)
+
+    def _render(self, question: str | None, audio: AudioSegment | None = None) -> Prompt:
+        timeline = self.timeline
+        return render_timeline(
             system_prompt=self.config.system_prompt,
-            history=self.history[-self.limits.max_history_turns :] if self.limits.max_history_turns else [],
-            frames=plan.frames,
+            history=timeline.history,
+            turns=timeline.turns,
+            open_frames=timeline.open,
             origin=self.origin,
             timestamps=self.config.frame_timestamps,
-            audio=plan.audio,
-            question=plan.question,
+            audio=audio,
+            question=question,
         )
 
     def consumed(self, plan: QueryPlan) -> FramesConsumed:
         """The ``video.frames.consumed`` event: exactly the frames in the prompt."""
-        origin = self.origin or plan.frames[0]
+        origin = self.origin or plan.used[0]
         frames = [
             ConsumedFrame(
                 frame_id=f.frame_id,
@@ -432,44 +466,37 @@ class SessionCore:
                 decode_ms=f.decode_ms,
                 timestamp_s=round(frame_time_s(f, origin), 3),
             )
-            for f in plan.frames
+            for f in plan.used
         ]
-        pts = [f.pts_ms for f in plan.frames if f.pts_ms is not None]
+        pts = [f.pts_ms for f in plan.used if f.pts_ms is not None]
         return FramesConsumed(
             request_id=plan.request_id,
-            frame_ids=[f.frame_id for f in plan.frames],
+            frame_ids=[f.frame_id for f in plan.used],
             frames=frames,
             latest_pts_ms=max(pts) if pts else None,
         )
 
-    def finish(self, plan: QueryPlan, completed_text: str | None) -> None:
-        """End an answer: unpin its frames; a non-empty answer joins the history."""
+    def finish(self, plan: QueryPlan, answer: str | None, interrupted: bool = False) -> None:
+        """End an answer: unpin its frames. An answer that reached the engine closes the open
+        turn with its text as generated (``None``: it failed, and the turn stays open); an
+        interrupted one keeps the text it got to, marked (``timeline.INTERRUPTED_MARK``)."""
         self.buffer.unpin(plan.frames)
         plan.frames = []
-        if completed_text is not None and (plan.question or completed_text):
-            self.history.append(Exchange(plan.question, completed_text))
-            del self.history[: -max(self.limits.max_history_turns, 1)]
+        if answer is not None and plan.prompted:
+            self.timeline.close_turn(plan.question, interrupted_answer(answer) if interrupted else answer)
 
     # ------------------------------------------------------------------ warm prefix
     def warm_frames(self) -> list[Frame]:
-        """Frames a warm prefix should cover now: the decoded window, up to the first
-        frame still decoding (a prefix cannot skip one)."""
-        frames = []
-        for frame in self.buffer.frames:
-            if frame.image is None:
-                break
-            frames.append(frame)
-        return frames
+        """Bring the timeline up to date with the buffer (evicted frames out, decoded new
+        frames in, up to the first still decoding) and return its frames: what a warm
+        prefix covers now."""
+        self.timeline.forget_evicted()
+        self.timeline.admit(self.buffer.frames)
+        return self.timeline.frames
 
-    def warm_prompt(self, frames: list[Frame]) -> Prompt:
-        """The open prefix that a query over ``frames`` would start with."""
-        return build_prompt(
-            system_prompt=self.config.system_prompt,
-            history=self.history[-self.limits.max_history_turns :] if self.limits.max_history_turns else [],
-            frames=frames,
-            origin=self.origin,
-            timestamps=self.config.frame_timestamps,
-        )
+    def warm_prompt(self, frames: list[Frame] | None = None) -> Prompt:
+        """The open prefix that the next query will start with (``frames``: ``warm_frames()``)."""
+        return self._render(None)
 
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""

@@ -103,7 +103,7 @@ class SessionConfig(_ClientEvent):
     type: Literal["session.config"] = "session.config"
     model: str | None = None
     modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
-    num_frames: int = Field(4, ge=1, le=128)
+    num_frames: int | None = Field(None, ge=1, le=128)  # None: 4, or max_frames with a warm prefix
     max_frames: int = Field(50, ge=1, le=256)
     system_prompt: str | None = Field(None, max_length=20_000)
     use_audio_in_video: bool = True

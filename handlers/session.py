@@ -413,7 +413,7 @@ class Session:
             with anyio.CancelScope(shield=True):
                 if spoken is not None:
                     await spoken.cancel()  # nothing of this answer is spoken after its response.done
-                self.core.finish(plan, "".join(text) if status != "failed" else None)
+                self.core.finish(plan, "".join(text) if status != "failed" else None, interrupted=status == "interrupted")
                 await self._finish_answer(plan, status, reason, usage, ttft, turn.first_audio_ms, started, "".join(text))
                 self.turn = None
                 turn.done.set()

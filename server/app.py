@@ -76,6 +76,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         max_queue=settings.max_queue,
         idle_timeout_s=settings.idle_timeout_s,
         max_history_turns=settings.max_history_turns,
+        max_history_tokens=settings.max_history_tokens,
         max_answer_tokens=settings.max_answer_tokens,
     )
 

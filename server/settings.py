@@ -52,7 +52,12 @@ class Settings(BaseSettings):
         1024, ge=32, description="frames are decoded at most this large (the model may ask for less)"
     )
     decode_threads: int = Field(2, ge=1, le=64, description="threads for image decoding (whole server)")
-    max_history_turns: int = Field(4, ge=0, le=64, description="previous answers kept in the prompt, as text")
+    max_history_turns: int = Field(
+        4, ge=0, le=64, description="older questions and answers (whose frames have left) kept in the prompt, as text"
+    )
+    max_history_tokens: int = Field(
+        1024, ge=0, description="bound on that text history, in tokens (estimated at 4 characters a token)"
+    )
     max_answer_tokens: int = Field(1024, ge=1, description="upper bound on sampling.max_tokens")
     max_cached_images: int = Field(
         128, ge=1, description="preprocessed images (pixel tensors) kept for re-prefill, whole server"

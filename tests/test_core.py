@@ -1,4 +1,4 @@
-"""The pure session core, selection and prompt building, driven without socket or engine."""
+"""The pure session core, the timeline and prompt building, driven without socket or engine."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from handlers.errors import ErrorCode, SessionError
 from handlers.frames import Frame, content_key
 from handlers.prompt import Exchange, build_prompt
 from handlers.protocol import SessionConfig, VideoFrame, VideoQuery, parse_client_event
-from handlers.selection import select_frames
+from handlers.timeline import INTERRUPTED_MARK, Timeline
 from handlers.similarity import thumbnail
-from server.engines.base import AudioSegment, Capabilities, ImageSegment, TextSegment
+from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextSegment
 from tests.conftest import b64, jpeg_frame
 
 LIMITS = Limits(
@@ -96,6 +96,9 @@ def test_query_plan_pins_frames_and_takes_audio() -> None:
     plan = core.plan_query(VideoQuery(type="video.query", text="hi", audio_data=b64(b"\x02\x00")))
     assert plan.audio is not None and len(plan.audio.pcm16) == 22 and not core.audio
     assert all(f.pins == 1 for f in plan.frames)
+    for frame in plan.frames:
+        frame.image = Image.new("RGB", (4, 4))
+    core.query_prompt(plan)
     core.finish(plan, "answer")
     assert core.history == [Exchange("hi", "answer")]
 
@@ -107,13 +110,111 @@ def test_query_with_no_frames() -> None:
     assert err.value.code is ErrorCode.NO_FRAMES
 
 
-def test_select_frames_spreads_and_keeps_newest() -> None:
-    """Sampling spreads over the buffer and always includes the newest frame."""
-    frames = [_frame(i) for i in range(10)]
-    assert [f.seq for f in select_frames(frames, 4, use_all=False)] == [0, 3, 6, 9]
-    assert [f.seq for f in select_frames(frames, 1, use_all=False)] == [9]
-    assert len(select_frames(frames, 4, use_all=True)) == 10
-    assert len(select_frames(frames[:2], 4, use_all=False)) == 2
+def _decoded(core: SessionCore, seed: int, frame_id=None):
+    intake = _feed(core, seed, frame_id, pts_ms=500.0 * seed)
+    if intake.frame is not None:
+        intake.frame.image = Image.new("RGB", (4, 4))
+    return intake
+
+
+def _ask(core: SessionCore, text: str, answer: str | None = "ok", interrupted: bool = False) -> tuple[Prompt, list]:
+    plan = core.plan_query(VideoQuery(type="video.query", text=text))
+    core.settle_frames(plan)
+    prompt = core.query_prompt(plan)
+    used = [f.frame_id for f in plan.used]
+    core.finish(plan, answer, interrupted=interrupted)
+    return prompt, used
+
+
+def _segments(prompt: Prompt) -> list:
+    """The prompt flattened: role marks and segments, comparable as a sequence."""
+    return [item for turn in prompt.turns for item in ((turn.role,), *turn.segments)]
+
+
+def _is_prefix(prefix: Prompt, full: Prompt) -> bool:
+    """The open prefix's segments start the full prompt (its open turn is the last, unclosed)."""
+    a, b = _segments(prefix), _segments(full)
+    return b[: len(a)] == a
+
+
+def test_timeline_only_grows_at_its_end() -> None:
+    """Follow-ups, frames between turns and an interrupted answer: each prompt and warm prefix
+    extends the previous one, answers stay as generated, the interrupted one marked."""
+    core = _core(warm=True, enable_frame_filter=False, max_frames=20)
+    prompts = []
+    for i in range(3):
+        _decoded(core, 10 + i, f"f{i}")
+    core.warm_frames()
+    prompts.append(core.warm_prompt())
+    prompts.append(_ask(core, "first?", "one")[0])
+    prompts.append(_ask(core, "follow-up?", "two")[0])
+    _decoded(core, 20, "f3")
+    core.warm_frames()
+    prompts.append(core.warm_prompt())
+    prompts.append(_ask(core, "and now?", "thr", interrupted=True)[0])
+    core.warm_frames()
+    prompts.append(core.warm_prompt())
+    prompt, used = _ask(core, "last?", "four")
+    prompts.append(prompt)
+    for before, after in zip(prompts, prompts[1:]):
+        closed = Prompt(before.turns[:-1], open_turn=True) if not before.open_turn else before
+        assert _is_prefix(closed, after)
+    roles = [t.role for t in prompt.turns]
+    assert roles == ["system"] + ["user", "assistant"] * 3 + ["user"]
+    answers = [t.segments[0].text for t in prompt.turns if t.role == "assistant"]
+    assert answers == ["one", "two", f"thr {INTERRUPTED_MARK}"]
+    assert used == ["f0", "f1", "f2", "f3"]
+    # the frames sit in the turn they arrived before; the follow-up turn holds only its question
+    assert [s.text for s in prompt.turns[3].segments] == ["follow-up?"]
+    assert sum(isinstance(s, ImageSegment) for s in prompt.turns[5].segments) == 1
+
+
+def test_num_frames_thins_the_timeline_and_keeps_the_newest() -> None:
+    """No prompt holds more than num_frames frames; thinning keeps the span and the newest frame."""
+    core = _core(warm=True, enable_frame_filter=False, max_frames=64, num_frames=8)
+    for i in range(40):
+        _decoded(core, 100 + i, i)
+        assert len(core.warm_frames()) <= 8
+    _, used = _ask(core, "what?")
+    assert len(used) <= 8 and used[0] == 0 and used[-1] == 39
+    assert used == sorted(used)
+    for i in range(40, 45):
+        _decoded(core, 100 + i, i)
+    _, used = _ask(core, "and now?")
+    assert len(used) <= 8 and used[-1] == 44
+
+
+def test_num_frames_without_warm_prefix() -> None:
+    """prefix_warmup off: the same timeline, num_frames frames over the buffer, newest included."""
+    core = _core(warm=False, enable_frame_filter=False)
+    assert core.config.num_frames == 4
+    for i in range(6):
+        _decoded(core, 200 + i, i)
+    _, used = _ask(core, "q")
+    assert used == [0, 2, 4, 5]
+
+
+def test_eviction_folds_old_turns_into_bounded_text() -> None:
+    """Turns whose frames all left the window become text history, bounded in count and tokens."""
+    core = _core(warm=True, enable_frame_filter=False, max_frames=4)
+    for i in range(4):
+        _decoded(core, 300 + i, i)
+    _ask(core, "q1", "a" * 40)
+    _ask(core, "q2", "b" * 40)
+    for i in range(4, 7):  # the window drops its oldest half: frames 0-3 go
+        _decoded(core, 300 + i, i)
+    prompt, used = _ask(core, "q3", "c")
+    assert used == [4, 5, 6]
+    assert [t.role for t in prompt.turns] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert prompt.turns[1].segments == (TextSegment("q1"),)
+    timeline = Timeline(num_frames=4, max_history_turns=4, max_history_tokens=15)
+    timeline.history = []
+    timeline.turns = []
+    from handlers.timeline import TimelineTurn
+
+    timeline.turns = [TimelineTurn([], "q", "x" * 40), TimelineTurn([], "r", "y" * 8)]
+    timeline.forget_evicted()
+    assert [e.question for e in timeline.history] == ["r"]
 
 
 def test_prompt_layout_and_prefix() -> None:

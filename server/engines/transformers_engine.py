@@ -1,8 +1,9 @@
 """The embedded engine: an image-text model run with transformers, on CPU or GPU.
 
-Every model step (encoding new images, a prefill chunk, one decoding step) is one job on a
-single worker thread, so steps of different sessions interleave fairly and an abort takes
-effect within one step. Each session keeps a KV cache that is extended as its prompt grows
+Every model step (encoding new images, a prefill chunk of at most one image, one decoding
+step) is one job on a single worker thread, so steps of different sessions interleave fairly,
+and an abort or a cancelled warmup takes effect within one step: a question never waits
+behind a whole-window prefill, only behind the frame being prefilled. Each session keeps a KV cache that is extended as its prompt grows
 and cut back to the longest still-valid prefix when it changes (see ``kv_cache``).
 """
 
@@ -225,7 +226,8 @@ def _remaining(pieces: list[Piece], cached: int) -> list[Piece]:
 
 
 def _chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
-    """Group pieces into prefill steps of about ``limit`` tokens (images are not split)."""
+    """Group pieces into prefill steps of about ``limit`` tokens, at most one image each
+    (images are not split): a query that cancels a warmup waits for one frame at most."""
     steps: list[list[Piece]] = []
     current: list[Piece] = []
     size = 0
@@ -242,7 +244,7 @@ def _chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
                 size += len(ids[:room])
                 ids = ids[room:]
             continue
-        if current and size + len(piece.ids) > limit:
+        if current and (size + len(piece.ids) > limit or any(p.image_key for p in current)):
             steps.append(current)
             current, size = [], 0
         current.append(piece)
