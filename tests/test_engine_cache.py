@@ -24,7 +24,8 @@ import torch
 from PIL import Image
 
 from handlers.frames import Frame, content_key
-from handlers.prompt import Exchange, build_prompt
+from handlers.prompt import Exchange, build_prompt, render_timeline
+from handlers.timeline import INTERRUPTED_MARK, Timeline, interrupted_answer
 from server.engines import transformers_engine
 from server.engines.base import ImageSegment, Prompt, Sampling, TextDelta, TextSegment, Usage
 from server.engines.hf_loading import load_model, load_processor
@@ -440,3 +441,110 @@ async def test_pixel_cache_of_one_image_still_answers_exactly(rig: Rig) -> None:
         assert_matches(rig, again, query)
     finally:
         await engine.close()
+
+
+# ---------------------------------------------------------------------- the timeline, turn by turn
+
+
+def timeline_prompt(timeline: Timeline, question: str | None = None) -> Prompt:
+    """The server's prompt for ``timeline`` (none = the warm prefix), rendered as the session does."""
+    return render_timeline(
+        system_prompt=None, history=timeline.history, turns=timeline.turns, open_frames=timeline.open,
+        origin=as_frame(FRAMES[0]), timestamps=True, question=question,
+    )
+
+
+async def warm_each_frame(rig: Rig, session: str, timeline: Timeline, frames: list[Frame]) -> int:
+    """Frames arrive one by one; the warm prefix follows each. Returns the cached length."""
+    cached = await rig.engine.prefill(session, timeline_prompt(timeline))
+    for frame in frames:
+        timeline.admit([frame])
+        cached = await rig.engine.prefill(session, timeline_prompt(timeline))
+    return cached
+
+
+async def turn(rig: Rig, session: str, timeline: Timeline, question: str) -> Answer:
+    """Ask, check against transformers' full recompute, and close the turn with the answer."""
+    query = timeline_prompt(timeline, question)
+    answer = await ask(rig.engine, session, query)
+    assert_matches(rig, answer, query)
+    assert answer.usage.prompt_tokens == token_count(rig, query)
+    timeline.close_turn(question, answer.text)
+    return answer
+
+
+async def test_timeline_follow_ups_and_frames_between_turns(rig: Rig) -> None:
+    """Follow-ups and frames arriving between turns: every answer equals a full recompute, and each
+    question finds everything before the previous answer (and the warmed frames) cached."""
+    session, timeline = "timeline", Timeline(num_frames=8)
+    frames = [as_frame(shot) for shot in FRAMES[:6]]
+    await warm_each_frame(rig, session, timeline, frames[:3])
+    first = await turn(rig, session, timeline, "What do you see?")
+    warm = await warm_each_frame(rig, session, timeline, [])  # the moment the answer ends
+    follow = await turn(rig, session, timeline, "And on the left?")
+    assert follow.usage.cached_tokens == warm >= first.usage.prompt_tokens
+    warm = await warm_each_frame(rig, session, timeline, frames[3:5])  # new frames, then a question
+    third = await turn(rig, session, timeline, "What is new?")
+    assert third.usage.cached_tokens == warm >= follow.usage.prompt_tokens + 2 * 90
+    again = await turn(rig, session, timeline, "Anything else?")  # asked with no warmup at all
+    assert again.usage.cached_tokens >= third.usage.prompt_tokens
+    assert [len(t.frames) for t in timeline.turns] == [3, 0, 2, 0]
+
+
+async def test_timeline_interrupted_turn(rig: Rig) -> None:
+    """An answer cut after three deltas stays in the timeline, marked; the next question is exact
+    and reuses everything before the cut answer."""
+    session, timeline = "timeline-cut", Timeline(num_frames=8)
+    await warm_each_frame(rig, session, timeline, [as_frame(shot) for shot in FRAMES[:3]])
+    query = timeline_prompt(timeline, "Describe it all.")
+    stream = rig.engine.generate(session, "cut", query, GREEDY)
+    parts = []
+    async for event in stream:
+        parts.append(event.text)
+        if len(parts) == 3:
+            break
+    await stream.aclose()
+    timeline.close_turn("Describe it all.", interrupted_answer("".join(parts)))
+    prompt_tokens = token_count(rig, query)
+    answer = await turn(rig, session, timeline, "Go on?")
+    assert answer.usage.cached_tokens >= prompt_tokens
+    assistant = [t for t in timeline_prompt(timeline).turns if t.role == "assistant"]
+    assert assistant[0].segments[0].text.endswith(INTERRUPTED_MARK)
+
+
+async def test_timeline_eviction_rewarms_and_keeps_the_talk(rig: Rig) -> None:
+    """A bulk eviction folds the turns whose frames left into text; the re-warmed timeline answers
+    exactly and the next question pays only for its own words."""
+    session, timeline = "timeline-evict", Timeline(num_frames=8, max_history_tokens=1000)
+    frames = [as_frame(shot) for shot in FRAMES[:7]]
+    await warm_each_frame(rig, session, timeline, frames[:3])
+    await turn(rig, session, timeline, "What is there?")
+    await warm_each_frame(rig, session, timeline, frames[3:4])
+    await turn(rig, session, timeline, "And now?")
+    for frame in frames[:3]:  # the window drops its oldest part at once
+        frame.in_window = False
+    assert timeline.forget_evicted()
+    assert [e.question for e in timeline.history] == ["What is there?"]
+    warm = await warm_each_frame(rig, session, timeline, frames[4:7])
+    answer = await turn(rig, session, timeline, "What happened?")
+    assert answer.usage.cached_tokens == warm
+    assert [t.role for t in timeline_prompt(timeline).turns][:3] == ["system", "user", "assistant"]
+
+
+async def test_timeline_thinned_for_num_frames(rig: Rig) -> None:
+    """num_frames=3 over 8 frames: the timeline is thinned (never more than 3 frames in a prompt),
+    re-warmed, and still answers exactly with the newest frame in it."""
+    session, timeline = "timeline-thin", Timeline(num_frames=3)
+    frames = [as_frame(shot) for shot in FRAMES[:8]]
+    for frame in frames[:7]:
+        timeline.admit([frame])
+        assert len(timeline.frames) <= 3
+        cached = await rig.engine.prefill(session, timeline_prompt(timeline))
+    assert timeline.stride > 1
+    timeline.admit(frames, newest=frames[7])
+    assert len(timeline.frames) <= 3 and timeline.frames[-1] is frames[7]
+    query = timeline_prompt(timeline, "What moved?")
+    answer = await ask(rig.engine, session, query)
+    assert_matches(rig, answer, query)
+    assert 0 < answer.usage.cached_tokens and cached > 0
+    assert sum(isinstance(s, ImageSegment) for t in query.turns for s in t.segments) <= 3

@@ -78,7 +78,7 @@ async def test_query_cancels_running_warmup() -> None:
 
 
 async def test_no_warmup_when_disabled_and_sampling_used() -> None:
-    """prefix_warmup=false: no prefill, and the query samples num_frames frames."""
+    """prefix_warmup=false: no prefill, and the query holds num_frames frames, thinned, newest included."""
     engine = ScriptedEngine()
 
     async def body(t: MemoryTransport, s: Session) -> None:
@@ -86,7 +86,7 @@ async def test_no_warmup_when_disabled_and_sampling_used() -> None:
         await t.put(type="video.query", text="q")
         events = await t.until("response.done")
         consumed = next(e for e in events if e["type"] == "video.frames.consumed")
-        assert consumed["frame_ids"] == [0, 2, 3, 5]
+        assert consumed["frame_ids"] == [0, 2, 4, 5]
 
     await _run(engine, body, prefix_warmup=False, enable_frame_filter=False)
     assert engine.prefills == []
@@ -106,7 +106,7 @@ async def test_warm_prefix_uses_all_frames_and_evicts_half() -> None:
         consumed = next(e for e in events if e["type"] == "video.frames.consumed")
         assert consumed["frame_ids"] == [2, 3, 99]
 
-    await _run(engine, body, max_frames=4, num_frames=1, enable_frame_filter=False)
+    await _run(engine, body, max_frames=4, enable_frame_filter=False)
 
 
 async def test_interrupt_aborts_engine_request() -> None:
