@@ -489,9 +489,12 @@ class SessionCore:
     def warm_frames(self) -> list[Frame]:
         """Bring the timeline up to date with the buffer (evicted frames out, decoded new
         frames in, up to the first still decoding) and return its frames: what a warm
-        prefix covers now."""
-        self.timeline.forget_evicted()
+        prefix covers now. Returns none when there is nothing to warm: no frame has come
+        since the last answer and none has left (the answer itself is cached already)."""
+        evicted = self.timeline.forget_evicted()
         self.timeline.admit(self.buffer.frames)
+        if not self.timeline.open and not evicted:
+            return []
         return self.timeline.frames
 
     def warm_prompt(self, frames: list[Frame] | None = None) -> Prompt:

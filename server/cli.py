@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
     p_ttft.add_argument("--frames", default="1,8,32,64", help="comma-separated frame counts")
     p_ttft.add_argument("--queries", type=int, default=3, help="queries per measurement (median is shown)")
+    p_ttft.add_argument(
+        "--conversation", action="store_true", help="a conversation: first question, follow-ups, new frames between"
+    )
 
     p_intake = bench_sub.add_parser("intake", help="server CPU per accepted 640x480 frame")
     p_intake.add_argument("--model", default=None)
@@ -147,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         from server.bench import run_ttft
 
         logging.basicConfig(level="WARNING")
-        if args.bench == "ttft":
+        if args.bench == "ttft" and args.conversation:
+            from server.bench_conversation import run_conversation
+
+            print(run_conversation(args.model, [int(n) for n in args.frames.split(",")], args.queries))
+        elif args.bench == "ttft":
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
         elif args.bench == "voice":

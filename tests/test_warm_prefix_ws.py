@@ -66,3 +66,23 @@ async def test_warm_and_cold_answers_are_identical(sharp_server: RunningServer) 
         # everything but the question (and the re-computed last token) came from the warm prefix
         assert done["usage"]["cached_tokens"] > done["usage"]["prompt_tokens"] * 0.8
     assert cold[0]["usage"]["cached_tokens"] == 0
+
+
+async def test_follow_up_right_after_an_answer_is_served_from_the_cache(sharp_server: RunningServer) -> None:
+    """A follow-up asked the moment an answer ends finds at least 95% of its prompt cached,
+    and a question after new frames too: the answer joins the timeline after the frames."""
+    client, _ = await connect(sharp_server, enable_frame_filter=False, sampling={"temperature": 0, "max_tokens": 8})
+    for i in range(12):
+        await client.frame(f"g{i}", seed=140 + i, pts_ms=i * 500)
+    await _settle(sharp_server)
+    first = (await client.ask("What is here?"))[-1]
+    follow = (await client.ask("And on the left?"))[-1]  # no waiting: right after response.done
+    again = (await client.ask("And the right?"))[-1]
+    await client.frame("g12", seed=200, pts_ms=6000)
+    await _settle(sharp_server)
+    later = (await client.ask("What is new?"))[-1]
+    for done in (first, follow, again, later):
+        assert done["status"] == "completed"
+        assert done["usage"]["cached_tokens"] >= 0.95 * done["usage"]["prompt_tokens"], done["usage"]
+    assert follow["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+    await client.ws.close()

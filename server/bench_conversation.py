@@ -1,0 +1,160 @@
+"""``livesight bench ttft --conversation``: time to first output over a whole conversation.
+
+For each frame count N, one session buffers N distinct frames and waits until the server is
+idle (decodes and warmup done), then:
+
+1. asks a first question;
+2. asks follow-ups the moment each answer ends (``response.done``), with no pause at all;
+3. sends new frames at 2 fps and asks the moment the last one is acknowledged (the question
+   races that frame's decode and warmup), then one more follow-up at once.
+
+A second session with ``prefix_warmup: false`` buffers the same N frames and asks once: the
+cold prefill of the same first prompt, measured in the same run. Times are measured at the
+client, from sending ``video.query`` to the first ``video.frames.consumed`` or text delta.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import websockets
+
+from server.background import RunningServer, run_server
+from server.bench import _wait_idle, bench_frame
+from server.settings import Settings
+
+ANSWER_TOKENS = 16
+NEW_FRAMES = 3
+FRAME_INTERVAL_S = 0.5  # 2 fps
+
+
+@dataclass
+class Ask:
+    """One question: client-side time to first output and the prompt's cache use."""
+
+    kind: str  # first, follow-up, after-frames, cold
+    ttft_ms: float
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class Conversation:
+    frames: int
+    asks: list[Ask] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Ask]:
+        return [a for a in self.asks if a.kind == kind]
+
+    def median(self, kind: str) -> float:
+        return statistics.median(a.ttft_ms for a in self.of(kind))
+
+    def min_share(self, kind: str) -> float:
+        return min(a.cached_share for a in self.of(kind))
+
+
+class _Client:
+    """A bare WebSocket client that times questions."""
+
+    def __init__(self, ws: websockets.ClientConnection) -> None:
+        self.ws = ws
+        self.sent = 0
+
+    async def frames(self, count: int, start: int, interval_s: float = 0.0) -> None:
+        for i in range(start, start + count):
+            await self.ws.send(json.dumps(
+                {"type": "video.frame", "data": bench_frame(i), "frame_id": i, "pts_ms": i * 500}
+            ))
+            while json.loads(await self.ws.recv())["type"] != "video.frame.ack":
+                pass
+            if interval_s and i < start + count - 1:
+                await asyncio.sleep(interval_s)
+
+    async def ask(self, kind: str) -> Ask:
+        self.sent += 1
+        started = time.perf_counter()
+        await self.ws.send(json.dumps({"type": "video.query", "text": f"What changed, and where? ({self.sent})"}))
+        first = None
+        while True:
+            event = json.loads(await self.ws.recv())
+            if first is None and event["type"] in {"video.frames.consumed", "response.text.delta"}:
+                first = (time.perf_counter() - started) * 1000
+            if event["type"] == "response.done":
+                usage = event["usage"]
+                return Ask(kind, first if first is not None else float("nan"),
+                           usage["prompt_tokens"], usage["cached_tokens"])
+
+
+async def _session(server: RunningServer, frames: int, warm: bool) -> tuple[_Client, websockets.ClientConnection]:
+    ws = await websockets.connect(server.ws_url, max_size=None)
+    await ws.send(json.dumps({
+        "type": "session.config", "prefix_warmup": warm, "enable_frame_filter": False,
+        "max_frames": min(frames + 2 * NEW_FRAMES + 2, 256), "num_frames": min(frames + 2 * NEW_FRAMES + 2, 128),
+        "sampling": {"temperature": 0, "max_tokens": ANSWER_TOKENS}, "frame_timestamps": True,
+    }))
+    json.loads(await ws.recv())
+    return _Client(ws), ws
+
+
+async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> Conversation:
+    """One warm conversation over ``frames`` buffered frames, then the cold first question."""
+    result = Conversation(frames)
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        client, ws = await _session(server, frames, warm=True)
+        async with ws:
+            await client.frames(frames, 0)
+            await _wait_idle(http)
+            result.asks.append(await client.ask("first"))
+            for _ in range(follow_ups):
+                result.asks.append(await client.ask("follow-up"))
+            for round_ in range(2):
+                await client.frames(NEW_FRAMES, frames + round_ * NEW_FRAMES, FRAME_INTERVAL_S)
+                result.asks.append(await client.ask("after-frames"))
+                result.asks.append(await client.ask("follow-up"))
+        await _wait_idle(http)
+        client, ws = await _session(server, frames, warm=False)
+        async with ws:
+            await client.frames(frames, 0)
+            await _wait_idle(http)
+            result.asks.append(await client.ask("cold"))
+        await _wait_idle(http)
+    return result
+
+
+def render(conversations: list[Conversation]) -> str:
+    """The conversation table: medians in ms, the smallest cached share of each kind."""
+    lines = [
+        "frames  prompt_tok  first_ms  first_cached  follow_ms  follow_cached  new_frames_ms  new_frames_cached"
+        "  cold_ms  follow/first  cold/follow",
+    ]
+    for c in conversations:
+        first, cold = c.of("first")[0], c.of("cold")[0]
+        follow, after = c.median("follow-up"), c.median("after-frames")
+        lines.append(
+            f"{c.frames:6d}  {first.prompt_tokens:10d}  {first.ttft_ms:8.1f}  {first.cached_share:11.1%}"
+            f"  {follow:9.1f}  {c.min_share('follow-up'):12.1%}  {after:13.1f}  {c.min_share('after-frames'):16.1%}"
+            f"  {cold.ttft_ms:7.1f}  {follow / first.ttft_ms:11.2f}x  {cold.ttft_ms / follow:10.1f}x"
+        )
+    return "\n".join(lines)
+
+
+def run_conversation(model: str | None, counts: list[int], follow_ups: int = 3) -> str:
+    """Start a server and run one conversation per frame count; returns the table."""
+    settings = Settings(model=model, port=0, max_queue=max(counts) + 32)
+    with run_server(settings) as server:
+        asyncio.run(converse(server, 2, 1))  # warm the model itself (first-call costs)
+
+        async def all_counts() -> list[Conversation]:
+            return [await converse(server, n, follow_ups) for n in counts]
+
+        conversations = asyncio.run(all_counts())
+    return render(conversations)
