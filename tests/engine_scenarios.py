@@ -71,13 +71,26 @@ async def repeated_query_hits_cache(server: RunningServer) -> None:
     await client.frame("c", seed=511)
     await client.frame("d", seed=512)
     first = (await client.ask("Describe the scene."))[-1]
-    # The answer joins the history, which precedes the frames: the warmup after the answer
-    # re-caches the prefix; wait for it, as a person asking again would.
+    # The answer joins the timeline after the frames, so the frames stay cached.
     await settle(server)
     second = (await client.ask("Describe the scene."))[-1]
     assert first["status"] == second["status"] == "completed"
     # Cache hits come in whole blocks (128 tokens on CPU): the two frames alone are 4 of them.
     assert second["usage"]["cached_tokens"] >= 2 * IMAGE_TOKENS, (first["usage"], second["usage"])
+    await client.ws.close()
+
+
+async def follow_up_hits_cache(server: RunningServer) -> None:
+    client, _ = await connect(server, enable_frame_filter=False, sampling={"max_tokens": 4, "temperature": 0})
+    for i in range(8):
+        await client.frame(f"t{i}", seed=531 + i, pts_ms=i * 500)
+    await settle(server)
+    first = (await client.ask("What is in the picture?"))[-1]
+    follow = (await client.ask("And on the left?"))[-1]  # the moment the answer ends
+    assert first["status"] == follow["status"] == "completed"
+    usage = follow["usage"]
+    # hits come in whole 128-token blocks: everything up to the answer is one run of them
+    assert usage["cached_tokens"] >= 0.9 * usage["prompt_tokens"], (first["usage"], usage)
     await client.ws.close()
 
 

@@ -55,6 +55,12 @@ async def test_repeated_query_reports_cached_tokens(vllm_server: RunningServer) 
     await scenarios.repeated_query_hits_cache(vllm_server)
 
 
+async def test_follow_up_is_served_from_the_prefix_cache(vllm_server: RunningServer) -> None:
+    """A follow-up asked the moment an answer ends finds at least 90% of its prompt in vLLM's
+    prefix cache: the append-only timeline keeps the frames in front of the answer."""
+    await scenarios.follow_up_hits_cache(vllm_server)
+
+
 async def test_warmup_caches_the_frames(vllm_server: RunningServer) -> None:
     """With prefix warmup, the first query after the frames already finds them cached."""
     await scenarios.warmup_caches_prefix(vllm_server)
