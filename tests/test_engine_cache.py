@@ -548,3 +548,32 @@ async def test_timeline_thinned_for_num_frames(rig: Rig) -> None:
     assert_matches(rig, answer, query)
     assert 0 < answer.usage.cached_tokens and cached > 0
     assert sum(isinstance(s, ImageSegment) for t in query.turns for s in t.segments) <= 3
+
+
+async def test_cancelled_warmup_stops_within_one_frame(rig: Rig) -> None:
+    """A warm prefill runs one frame per model step; cancelled after its first step it stops
+    there, and a question continues exactly from what it cached."""
+    engine = await rig.engine_with()
+    steps: list[int] = []
+    first_step = anyio.Event()
+    forward = engine._forward
+
+    def counting(session_id: str, cache: Any, pieces: list[Piece]) -> torch.Tensor:
+        steps.append(sum(1 for piece in pieces if piece.image_key))
+        out = forward(session_id, cache, pieces)
+        anyio.from_thread.run_sync(first_step.set)
+        return out
+
+    engine._forward = counting  # type: ignore[method-assign]
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(engine.prefill, "cut-warm", prompt_for(FRAMES[:6]))
+            await first_step.wait()
+            group.cancel_scope.cancel()
+        assert steps and max(steps) <= 1 and len(steps) <= 2
+        query = prompt_for(FRAMES[:6], "What is there?")
+        answer = await ask(engine, "cut-warm", query)
+        assert_matches(rig, answer, query)
+        assert 0 < answer.usage.cached_tokens < answer.usage.prompt_tokens // 2
+    finally:
+        await engine.close()
