@@ -490,12 +490,15 @@ class SessionCore:
         """Bring the timeline up to date with the buffer (evicted frames out, decoded new
         frames in, up to the first still decoding) and return its frames: what a warm
         prefix covers now. Returns none when there is nothing to warm: no frame has come
-        since the last answer and none has left (the answer itself is cached already)."""
-        evicted = self.timeline.forget_evicted()
+        since the last answer and none has left (the answer itself is cached already).
+        Frames that left during an answer are forgotten here or by the next query."""
+        before = self.timeline.frames
+        self.timeline.forget_evicted()
         self.timeline.admit(self.buffer.frames)
-        if not self.timeline.open and not evicted:
+        frames = self.timeline.frames
+        if not self.timeline.open and frames == before:
             return []
-        return self.timeline.frames
+        return frames
 
     def warm_prompt(self, frames: list[Frame] | None = None) -> Prompt:
         """The open prefix that the next query will start with (``frames``: ``warm_frames()``)."""
