@@ -9,7 +9,11 @@ idle (decodes and warmup done), then:
    races that frame's decode and warmup), then one more follow-up at once.
 
 A second session with ``prefix_warmup: false`` buffers the same N frames and asks once: the
-cold prefill of the same first prompt, measured in the same run. Times are measured at the
+cold prefill of the same first prompt, measured in the same run. A third (N >= 8) fills its
+window (``max_frames`` = N), asks once, then sends one more frame, which evicts the oldest half
+and starts the re-warm, and asks the moment that frame is acknowledged: the question races
+the re-warm. It is compared with a cold prefill of a prompt that long, estimated from the
+cold session's time per token. Times are measured at the
 client, from sending ``video.query`` to the first ``video.frames.consumed`` or text delta.
 """
 
@@ -25,7 +29,7 @@ import httpx
 import websockets
 
 from server.background import RunningServer, run_server
-from server.bench import _wait_idle, bench_frame
+from server.bench import bench_frame
 from server.settings import Settings
 
 ANSWER_TOKENS = 16
@@ -62,6 +66,15 @@ class Conversation:
         return min(a.cached_share for a in self.of(kind))
 
 
+async def _wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:
+    """Wait until no session has a decode, warmup or answer running."""
+    deadline = time.monotonic() + timeout_s
+    while (await http.get("/metrics")).json()["sessions_busy"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the server did not settle")
+        await asyncio.sleep(0.02)
+
+
 class _Client:
     """A bare WebSocket client that times questions."""
 
@@ -94,11 +107,14 @@ class _Client:
                            usage["prompt_tokens"], usage["cached_tokens"])
 
 
-async def _session(server: RunningServer, frames: int, warm: bool) -> tuple[_Client, websockets.ClientConnection]:
+async def _session(
+    server: RunningServer, frames: int, warm: bool, window: int | None = None
+) -> tuple[_Client, websockets.ClientConnection]:
     ws = await websockets.connect(server.ws_url, max_size=None)
+    window = window or min(frames + 2 * NEW_FRAMES + 2, 128)
     await ws.send(json.dumps({
         "type": "session.config", "prefix_warmup": warm, "enable_frame_filter": False,
-        "max_frames": min(frames + 2 * NEW_FRAMES + 2, 256), "num_frames": min(frames + 2 * NEW_FRAMES + 2, 128),
+        "max_frames": window, "num_frames": window,
         "sampling": {"temperature": 0, "max_tokens": ANSWER_TOKENS}, "frame_timestamps": True,
     }))
     json.loads(await ws.recv())
@@ -108,7 +124,7 @@ async def _session(server: RunningServer, frames: int, warm: bool) -> tuple[_Cli
 async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> Conversation:
     """One warm conversation over ``frames`` buffered frames, then the cold first question."""
     result = Conversation(frames)
-    async with httpx.AsyncClient(base_url=server.http_url) as http:
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as http:
         client, ws = await _session(server, frames, warm=True)
         async with ws:
             await client.frames(frames, 0)
@@ -127,6 +143,16 @@ async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> C
             await _wait_idle(http)
             result.asks.append(await client.ask("cold"))
         await _wait_idle(http)
+        if frames >= 8:
+            client, ws = await _session(server, frames, warm=True, window=frames)
+            async with ws:
+                await client.frames(frames, 1000)
+                await _wait_idle(http)
+                await client.ask("warm")
+                await _wait_idle(http)
+                await client.frames(1, 1000 + frames)
+                result.asks.append(await client.ask("re-warm"))
+            await _wait_idle(http)
     return result
 
 
@@ -134,22 +160,27 @@ def render(conversations: list[Conversation]) -> str:
     """The conversation table: medians in ms, the smallest cached share of each kind."""
     lines = [
         "frames  prompt_tok  first_ms  first_cached  follow_ms  follow_cached  new_frames_ms  new_frames_cached"
-        "  cold_ms  follow/first  cold/follow",
+        "  cold_ms  follow/first  cold/follow  rewarm_race_ms  cold_same_est_ms",
     ]
     for c in conversations:
         first, cold = c.of("first")[0], c.of("cold")[0]
         follow, after = c.median("follow-up"), c.median("after-frames")
+        race = c.of("re-warm")
+        race_text = "             -                 -"
+        if race:
+            estimate = cold.ttft_ms / cold.prompt_tokens * race[0].prompt_tokens
+            race_text = f"  {race[0].ttft_ms:14.1f}  {estimate:16.1f}"
         lines.append(
             f"{c.frames:6d}  {first.prompt_tokens:10d}  {first.ttft_ms:8.1f}  {first.cached_share:11.1%}"
             f"  {follow:9.1f}  {c.min_share('follow-up'):12.1%}  {after:13.1f}  {c.min_share('after-frames'):16.1%}"
-            f"  {cold.ttft_ms:7.1f}  {follow / first.ttft_ms:11.2f}x  {cold.ttft_ms / follow:10.1f}x"
+            f"  {cold.ttft_ms:7.1f}  {follow / first.ttft_ms:11.2f}x  {cold.ttft_ms / follow:10.1f}x{race_text}"
         )
     return "\n".join(lines)
 
 
 def run_conversation(model: str | None, counts: list[int], follow_ups: int = 3) -> str:
     """Start a server and run one conversation per frame count; returns the table."""
-    settings = Settings(model=model, port=0, max_queue=max(counts) + 32)
+    settings = Settings(model=model, port=0, max_queue=max(counts) + 32, idle_timeout_s=600)
     with run_server(settings) as server:
         asyncio.run(converse(server, 2, 1))  # warm the model itself (first-call costs)
 
