@@ -257,15 +257,33 @@ async def test_similarity_filter_drops_duplicates(server: RunningServer) -> None
 
 
 async def test_num_frames_sampling_includes_newest(server: RunningServer) -> None:
-    """Without a warm prefix a query uses num_frames frames spread over the buffer, newest included."""
+    """Without a warm prefix a query holds num_frames frames thinned over the buffer, newest included."""
     client, _ = await connect(server, num_frames=3, prefix_warmup=False, enable_frame_filter=False,
                               sampling={"max_tokens": 2})
     for i in range(7):
         await client.frame(f"f{i}", seed=100 + i, pts_ms=i * 500)
     events = await client.ask("what happened?")
     consumed = next(e for e in events if e["type"] == "video.frames.consumed")
-    assert consumed["frame_ids"] == ["f0", "f3", "f6"]
-    assert [f["timestamp_s"] for f in consumed["frames"]] == [0.0, 1.5, 3.0]
+    assert consumed["frame_ids"] == ["f0", "f2", "f6"]
+    assert [f["timestamp_s"] for f in consumed["frames"]] == [0.0, 1.0, 3.0]
+    await client.ws.close()
+
+
+async def test_num_frames_honoured_with_warm_prefix(server: RunningServer) -> None:
+    """With a warm prefix no prompt holds more than num_frames frames either; consumed lists them
+    and the newest is always one of them."""
+    client, ready = await connect(server, num_frames=4, enable_frame_filter=False, sampling={"max_tokens": 2})
+    assert ready["capabilities"]["prefix_warmup_active"] is True and ready["config"]["num_frames"] == 4
+    for i in range(10):
+        await client.frame(f"w{i}", seed=300 + i, pts_ms=i * 500)
+    events = await client.ask("what happened?")
+    consumed = next(e for e in events if e["type"] == "video.frames.consumed")
+    assert 1 < len(consumed["frame_ids"]) <= 4 and consumed["frame_ids"][-1] == "w9"
+    assert consumed["frame_ids"][0] == "w0"  # thinned, not slid: the span stays covered
+    await client.frame("w10", seed=310, pts_ms=5000)
+    events = await client.ask("and now?")
+    consumed = next(e for e in events if e["type"] == "video.frames.consumed")
+    assert len(consumed["frame_ids"]) <= 4 and consumed["frame_ids"][-1] == "w10"
     await client.ws.close()
 
 
