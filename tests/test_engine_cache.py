@@ -454,6 +454,14 @@ def timeline_prompt(timeline: Timeline, question: str | None = None) -> Prompt:
     )
 
 
+def prompt_at(timeline: Timeline, turn_index: int) -> Prompt:
+    """The query prompt that asked turn ``turn_index`` of ``timeline`` (its frames then question)."""
+    index = turn_index % len(timeline.turns)
+    earlier = Timeline(num_frames=timeline.num_frames, history=timeline.history, turns=timeline.turns[:index],
+                       open=list(timeline.turns[index].frames))
+    return timeline_prompt(earlier, timeline.turns[index].question)
+
+
 async def warm_each_frame(rig: Rig, session: str, timeline: Timeline, frames: list[Frame]) -> int:
     """Frames arrive one by one; the warm prefix follows each. Returns the cached length."""
     cached = await rig.engine.prefill(session, timeline_prompt(timeline))
@@ -486,8 +494,17 @@ async def test_timeline_follow_ups_and_frames_between_turns(rig: Rig) -> None:
     warm = await warm_each_frame(rig, session, timeline, frames[3:5])  # new frames, then a question
     third = await turn(rig, session, timeline, "What is new?")
     assert third.usage.cached_tokens == warm >= follow.usage.prompt_tokens + 2 * 90
+    before = [i for piece in rig.engine.encoder.encode(timeline_prompt(timeline)) for i in piece.ids]
     again = await turn(rig, session, timeline, "Anything else?")  # asked with no warmup at all
-    assert again.usage.cached_tokens >= third.usage.prompt_tokens
+    # The answer's generated tokens stayed in the cache: it is cut only where the answer's text,
+    # rendered again, stops giving the tokens that were generated (the last one was never fed).
+    previous = [i for piece in rig.engine.encoder.encode(prompt_at(timeline, -2)) for i in piece.ids]
+    kept = 0
+    generated = third.tokens[:-1]
+    rendered = before[len(previous) :]
+    while kept < min(len(generated), len(rendered)) and rendered[kept] == generated[kept]:
+        kept += 1
+    assert again.usage.cached_tokens == len(previous) + kept
     assert [len(t.frames) for t in timeline.turns] == [3, 0, 2, 0]
 
 
