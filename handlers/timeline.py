@@ -102,12 +102,10 @@ class Timeline:
         when the open turn has none, the timeline is thinned.
         """
         for frame in candidates:
-            if frame.seq <= self._last_seen or frame is newest:
+            if frame.seq <= self._last_seen or frame is newest or not frame.in_window:
                 continue
-            if frame.image is None or not frame.in_window:
-                if frame.image is None and frame.in_window:
-                    break
-                continue
+            if frame.image is None:
+                break  # still decoding
             self._last_seen = frame.seq
             self._maybe_add(frame, cap=self.num_frames)
         if newest is not None and newest.image is not None and newest.in_window and newest not in self.frames:

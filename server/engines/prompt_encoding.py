@@ -136,6 +136,10 @@ class PromptEncoder:
             return Piece(cached.ids, image.key, cached.grid, image)
         return self._process(image)
 
+    def knows(self, image: ImageSegment) -> bool:
+        """True when the image's token layout is cached (encoding it again costs nothing)."""
+        return self._layouts.get(image.key) is not None
+
     def pixel_inputs(self, piece: Piece) -> dict[str, torch.Tensor]:
         """The processor's pixel inputs for an image piece (cached, else computed again)."""
         inputs = self._pixels.get(piece.image_key)

@@ -23,6 +23,7 @@ from server.engines.base import (
     EngineError,
     EngineEvent,
     Finished,
+    ImageSegment,
     Prompt,
     Sampling,
     TextDelta,
@@ -100,7 +101,14 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------------ requests
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
-        """Extend the session's cache over ``prompt``; returns the cached token count."""
+        """Extend the session's cache over ``prompt``; returns the cached token count.
+
+        New images are preprocessed one per model-thread job, like the prefill steps, so a
+        query waits behind one frame's work at most."""
+        if self.encoder is not None:
+            for image in _images(prompt):
+                if not self.encoder.knows(image):
+                    await self._run(self.encoder.image_piece, image)
         pieces = await self._run(self._encode, prompt)
         with self.budget.hold(session_id):
             cache = await self._run(self._reuse, session_id, pieces, False)
@@ -206,6 +214,10 @@ class TransformersEngine(Engine):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _images(prompt: Prompt) -> list[ImageSegment]:
+    return [seg for turn in prompt.turns for seg in turn.segments if isinstance(seg, ImageSegment)]
 
 
 def _remaining(pieces: list[Piece], cached: int) -> list[Piece]:
