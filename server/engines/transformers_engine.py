@@ -1,10 +1,12 @@
 """The embedded engine: an image-text model run with transformers, on CPU or GPU.
 
-Every model step (encoding new images, a prefill chunk of at most one image, one decoding
-step) is one job on a single worker thread, so steps of different sessions interleave fairly,
-and an abort or a cancelled warmup takes effect within one step: a question never waits
-behind a whole-window prefill, only behind the frame being prefilled. Each session keeps a KV cache that is extended as its prompt grows
-and cut back to the longest still-valid prefix when it changes (see ``kv_cache``).
+Every model step (preprocessing a new image, a prefill chunk, one decoding step) is one job
+on a single worker thread, so steps of different sessions interleave fairly and an abort
+takes effect within one step. A warmup's chunks hold at most one image each, so a question
+that cancels a warmup (or a re-warm after an eviction) waits behind the frame being
+prefilled, never behind the whole window. Each session keeps a KV cache that is extended as
+its prompt grows and cut back to the longest still-valid prefix when it changes (see
+``kv_cache``).
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class TransformersEngine(Engine):
         with self.budget.hold(session_id):
             cache = await self._run(self._reuse, session_id, pieces, False)
             todo = _remaining(pieces, cache.length)
-            for chunk in _chunks(todo, self.prefill_chunk_tokens):
+            for chunk in _chunks(todo, self.prefill_chunk_tokens, one_image=True):
                 await self._run(self._forward, session_id, cache, chunk)
             return cache.length
 
@@ -237,9 +239,10 @@ def _remaining(pieces: list[Piece], cached: int) -> list[Piece]:
     return out
 
 
-def _chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
-    """Group pieces into prefill steps of about ``limit`` tokens, at most one image each
-    (images are not split): a query that cancels a warmup waits for one frame at most."""
+def _chunks(pieces: list[Piece], limit: int, one_image: bool = False) -> list[list[Piece]]:
+    """Group pieces into prefill steps of about ``limit`` tokens (images are not split); with
+    ``one_image`` (warmup) at most one image a step, so a query that cancels a warmup waits
+    for one frame at most."""
     steps: list[list[Piece]] = []
     current: list[Piece] = []
     size = 0
@@ -256,7 +259,7 @@ def _chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
                 size += len(ids[:room])
                 ids = ids[room:]
             continue
-        if current and (size + len(piece.ids) > limit or any(p.image_key for p in current)):
+        if current and (size + len(piece.ids) > limit or (one_image and any(p.image_key for p in current))):
             steps.append(current)
             current, size = [], 0
         current.append(piece)
