@@ -215,7 +215,8 @@ class SessionCore:
             notes.append(f"model {config.model!r} is not served here; using {self.capabilities.model!r}")
         if config.num_frames is None:
             # vLLM-Omni's default without a warm prefix; with one, the whole window
-            config = config.model_copy(update={"num_frames": config.max_frames if self.warm_prefix_for(config) else 4})
+            default = config.max_frames if self.warm_prefix_for(config) else 4
+            config = config.model_copy(update={"num_frames": default})
         self.config = config
         self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
         self.buffer = FrameBuffer(config.max_frames)

@@ -10,7 +10,7 @@ from handlers.errors import ErrorCode, SessionError
 from handlers.frames import Frame, content_key
 from handlers.prompt import Exchange, build_prompt
 from handlers.protocol import SessionConfig, VideoFrame, VideoQuery, parse_client_event
-from handlers.timeline import INTERRUPTED_MARK, Timeline
+from handlers.timeline import INTERRUPTED_MARK, Timeline, TimelineTurn
 from handlers.similarity import thumbnail
 from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextSegment
 from tests.conftest import b64, jpeg_frame
@@ -208,10 +208,6 @@ def test_eviction_folds_old_turns_into_bounded_text() -> None:
     assert [t.role for t in prompt.turns] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert prompt.turns[1].segments == (TextSegment("q1"),)
     timeline = Timeline(num_frames=4, max_history_turns=4, max_history_tokens=15)
-    timeline.history = []
-    timeline.turns = []
-    from handlers.timeline import TimelineTurn
-
     timeline.turns = [TimelineTurn([], "q", "x" * 40), TimelineTurn([], "r", "y" * 8)]
     timeline.forget_evicted()
     assert [e.question for e in timeline.history] == ["r"]
