@@ -41,6 +41,7 @@ from server.engines.base import (
     Usage,
 )
 from server.engines.prompt_encoding import render_chat
+from server.engines.warm_cadence import WarmCadence
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -61,8 +62,10 @@ class VllmEngine(Engine):
         engine_args: dict[str, Any] | None = None,
         trust_remote_code: bool = False,
         max_image_side: int = 1024,
+        max_warmups_per_s: float = 2.0,
     ) -> None:
         self.model_path = model_path
+        self._cadence = WarmCadence(max_warmups_per_s)
         self.engine_args = {
             "model": model_path,
             "trust_remote_code": trust_remote_code,
@@ -132,8 +135,12 @@ class VllmEngine(Engine):
         """Run a one-token request over the open prefix, so vLLM caches its blocks.
 
         Returns the prefix length in tokens. Cancelling it aborts the request; the blocks
-        computed so far stay in vLLM's prefix cache.
+        computed so far stay in vLLM's prefix cache. Paced by the session's warm cadence.
         """
+        async with self._cadence.slot():
+            return await self._warm(session_id, prompt)
+
+    async def _warm(self, session_id: str, prompt: Prompt) -> int:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
