@@ -79,6 +79,10 @@ class _ServerFailure(EngineError):
     """The server failed a request on its side (5xx or an error event): worth one retry."""
 
 
+class _ReplicaDown(EngineError):
+    """The replica could not be reached and its health check failed: another may serve."""
+
+
 class _CacheMiss(EngineError):
     """The server does not hold an image the request named by uuid alone."""
 
@@ -172,7 +176,8 @@ class OpenAIEngine(Engine):
         self._client: httpx.AsyncClient | None = None
         self._data_urls: OrderedDict[str, str] = OrderedDict()
         self._live = 0
-        self.traffic = {"requests": 0, "request_bytes": 0, "images_sent": 0, "images_referenced": 0, "cache_misses": 0}
+        self.traffic = {"requests": 0, "request_bytes": 0, "images_sent": 0, "images_referenced": 0, "cache_misses": 0,
+                        "prompt_tokens": 0}
         self.capabilities = Capabilities(
             name="openai", model=model or "", warm_prefix=True, audio_output=audio_output, max_image_side=max_image_side
         )
@@ -229,7 +234,8 @@ class OpenAIEngine(Engine):
         try:
             try:
                 response = await self._open(replica, prompt, sampling, {"stream": False}, stream=False)
-            except _ServerFailure:  # see generate
+            except (_ServerFailure, _ReplicaDown):  # see generate
+                replica = await self._pick(session_id)
                 response = await self._open(replica, prompt, sampling, {"stream": False}, stream=False)
         finally:
             self._live -= 1
@@ -237,7 +243,9 @@ class OpenAIEngine(Engine):
             usage = response.json().get("usage") or {}
         except (ValueError, AttributeError) as exc:
             raise EngineError(f"{replica.base} sent a malformed answer") from exc
-        return int(usage.get("prompt_tokens") or 0)
+        tokens = int(usage.get("prompt_tokens") or 0)
+        self.traffic["prompt_tokens"] += tokens
+        return tokens
 
     async def generate(
         self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
@@ -246,7 +254,8 @@ class OpenAIEngine(Engine):
 
         A request the server fails before any output (a 5xx, or an error event first) is sent
         once more: vLLM fails a request that way, asking for a retry, when its front end and
-        engine core disagree about which images are cached (after an aborted request).
+        engine core disagree about which images are cached (after an aborted request). One
+        whose replica turns out to be down is sent once to the next healthy replica.
         """
         extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
         if self.audio_output:
@@ -262,11 +271,12 @@ class OpenAIEngine(Engine):
                             produced = True
                             yield event
                     return
-                except _ServerFailure as exc:
+                except (_ServerFailure, _ReplicaDown) as exc:
                     if produced or attempt:
                         raise
                     log.info("%s failed request %s before any output (%s); sending it again", replica.base,
                              request_id, exc)
+                    replica = await self._pick(session_id)
         finally:
             self._live -= 1
 
@@ -294,6 +304,7 @@ class OpenAIEngine(Engine):
         if reason is None:
             raise EngineError(f"{replica.base} ended the stream without finishing the answer")
         details = usage.get("prompt_tokens_details") or {}
+        self.traffic["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
         yield Finished(
             _FINISH.get(reason, "stop"),
             Usage(
@@ -414,6 +425,8 @@ class OpenAIEngine(Engine):
     async def _failure(self, replica: Replica, exc: httpx.HTTPError) -> EngineError:
         """A transport error: the replica is checked now, so a dead one is skipped from here on."""
         await self._check(replica)
+        if not replica.healthy:
+            return _ReplicaDown(f"{replica.base}: {type(exc).__name__}: {exc}")
         return EngineError(f"{replica.base}: {type(exc).__name__}: {exc}")
 
     async def _discover_model(self) -> str:
