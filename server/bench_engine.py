@@ -58,6 +58,11 @@ class Run:
     def per_frame(self, value: float) -> float:
         return value / self.frames
 
+    @property
+    def sent_ratio(self) -> float:
+        """Request bytes per streamed frame over the frame's own base64 size."""
+        return self.per_frame(self.request_bytes) / self.frame_b64
+
 
 # ---------------------------------------------------------------------- footage
 
@@ -82,7 +87,7 @@ def marked_jpeg(image: Image.Image, run: int) -> str:
     image = image.copy()
     image.paste((run * 37 % 256, run * 91 % 256, run * 53 % 256), (0, 0, 8, 8))
     buf = io.BytesIO()
-    image.save(buf, "JPEG", quality=85)
+    image.save(buf, "JPEG", quality=90)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -245,23 +250,24 @@ async def measure(server: RunningServer, vllm: VllmApiServer, mode: str, frames:
 
 def render(runs: list[Run], idle_cpu_per_s: float) -> str:
     lines = [
-        "mode    frames  req/frame  bytes/frame  bytes/frame_b64  prompt_tok/frame  images_sent/frame  "
+        "mode    frames  frame_b64  req/frame  bytes/frame  bytes/frame_b64  prompt_tok/frame  images_sent/frame  "
         "vllm_cpu_s/frame",
     ]
     for r in runs:
         lines.append(
-            f"{r.mode:6s}  {r.frames:6d}  {r.per_frame(r.requests):9.2f}  {r.per_frame(r.request_bytes):11.0f}  "
-            f"{r.per_frame(r.request_bytes) / r.frame_b64:15.2f}  {r.per_frame(r.prompt_tokens):16.0f}  "
+            f"{r.mode:6s}  {r.frames:6d}  {r.frame_b64:9.0f}  {r.per_frame(r.requests):9.2f}  "
+            f"{r.per_frame(r.request_bytes):11.0f}  {r.sent_ratio:15.2f}  {r.per_frame(r.prompt_tokens):16.0f}  "
             f"{r.per_frame(r.images_sent):17.2f}  {r.per_frame(r.server_cpu_s):16.3f}"
         )
-    lines.append(f"(vLLM server idle CPU: {idle_cpu_per_s:.3f} s per second; frame base64 ~{runs[0].frame_b64:.0f} B)")
+    lines.append(f"(vLLM server idle: {idle_cpu_per_s:.3f} CPU s per second; frame_b64: mean base64 bytes of a frame)")
     for mode in dict.fromkeys(r.mode for r in runs):
         mine = [r for r in runs if r.mode == mode]
         if len(mine) > 1:
             lo, hi = mine[0], mine[-1]
+            cpu = hi.per_frame(hi.server_cpu_s) / max(lo.per_frame(lo.server_cpu_s), 1e-9)
             lines.append(
-                f"{mode}: {hi.frames} vs {lo.frames} frames: bytes/frame x{hi.per_frame(hi.request_bytes) / lo.per_frame(lo.request_bytes):.2f}, "
-                f"vLLM CPU/frame x{hi.per_frame(hi.server_cpu_s) / max(lo.per_frame(lo.server_cpu_s), 1e-9):.2f}"
+                f"{mode}: {hi.frames} vs {lo.frames} frames: bytes/frame_b64 x{hi.sent_ratio / lo.sent_ratio:.2f}, "
+                f"vLLM CPU/frame x{cpu:.2f}"
             )
     return "\n".join(lines)
 
@@ -292,6 +298,7 @@ def run_engine(counts: list[int], fps: float, modes: list[str], max_warmups_per_
                         run_index += 1
                         frames = [marked_jpeg(img, run_index) for img in pictures[:n]]
                         runs.append(asyncio.run(measure(server, vllm, mode, frames, fps)))
+                        print(render(runs[-1:], idle_cpu_per_s).splitlines()[1], file=sys.stderr, flush=True)
         finally:
             vllm.stop()
     return render(runs, idle_cpu_per_s)

@@ -477,3 +477,29 @@ async def test_restarted_server_is_sent_the_frames_again(
     assert consumed["frame_ids"] == ["r0", "r1", "r2"]
     assert (await scenarios.livesight_metrics(openai_server))["engine"]["cache_misses"] > misses
     await client.ws.close()
+
+
+async def test_a_server_that_keeps_no_images_gets_their_data() -> None:
+    """A server that misses every image named by uuid (its cache off) is sent every image's data
+    after a few misses, instead of every request twice; each answer is still served."""
+    kinds: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        body = json.loads(request.content)
+        kinds.append(image_parts(body))
+        if "uuid" in kinds[-1]:
+            return httpx.Response(400, json={"error": {"message": "Cache miss for image at index 0 but data is not "
+                                                                  "provided.", "code": 400}})
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
+
+    engine = OpenAIEngine(["http://srv:8000"], model="m", transport=httpx.MockTransport(handler),
+                          max_warmups_per_s=100)
+    await engine.start()
+    frames = [camera_frame(601)]
+    for _ in range(5):
+        assert await engine.prefill("s", watching(frames)) == 300
+    await engine.close()
+    assert kinds == [["data"]] + [["uuid"], ["data"]] * 3 + [["data"]]
+    assert engine.stats()["cache_misses"] == 3

@@ -72,6 +72,7 @@ _HEALTH_TIMEOUT_S = 3.0
 _CONNECT_TIMEOUT_S = 5.0
 _DATA_URL_CACHE = 512
 _HELD_KEYS = 8192  # content keys remembered per replica (a forgotten one is only sent again)
+_MISSES_BEFORE_DATA_ONLY = 3  # cache misses in a row after which a replica gets every image's data
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "tool_calls": "stop", "content_filter": "stop"}
 
 
@@ -96,10 +97,17 @@ class Replica:
     healthy: bool = True
     checked_at: float = -math.inf
     held: OrderedDict[str, None] = field(default_factory=OrderedDict, repr=False)
+    misses_in_row: int = 0  # requests naming images by uuid that it could not serve, in a row
 
     @property
     def api(self) -> str:
         return self.base + "/v1"
+
+    @property
+    def keeps_images(self) -> bool:
+        """False once it missed every time in a row: it keeps no images between requests (a
+        server with its multimodal cache off), so naming them would only double each request."""
+        return self.misses_in_row < _MISSES_BEFORE_DATA_ONLY
 
     def holds(self, key: str) -> bool:
         """True when the image ``key`` was sent here (since the set was last dropped)."""
@@ -330,16 +338,23 @@ class OpenAIEngine(Engine):
         image sent with its data. On a cache miss the replica's set is dropped and the request
         goes once more with every image's data. Raises ``EngineError`` (see ``_send``).
         """
-        body = await self._body(prompt, sampling, replica if self.image_references else None)
+        refer = self.image_references and replica.keeps_images
+        body = await self._body(prompt, sampling, replica if refer else None)
         body.json.update(extra)
         try:
             response = await self._send(replica, body, stream=stream, request_id=request_id)
+            if body.referenced:
+                replica.misses_in_row = 0
         except _CacheMiss as exc:
             if not body.referenced:
                 raise EngineError(str(exc)) from exc
             log.info("%s lost images it was sent (%s); sending them again", replica.base, exc)
             self.traffic["cache_misses"] += 1
             replica.forget()
+            replica.misses_in_row += 1
+            if not replica.keeps_images:
+                log.warning("%s keeps no images between requests (its multimodal cache is off?): every "
+                            "request to it carries every image from now on", replica.base)
             body = await self._body(prompt, sampling, None)
             body.json.update(extra)
             response = await self._send(replica, body, stream=stream, request_id=request_id)
@@ -419,6 +434,7 @@ class OpenAIEngine(Engine):
         if healthy != replica.healthy:
             log.warning("replica %s is %s", replica.base, "back" if healthy else "down")
             replica.forget()  # down or back: it may have restarted with an empty cache
+            replica.misses_in_row = 0  # ... and perhaps with other options
         replica.healthy = healthy
         replica.checked_at = time.monotonic()
 
