@@ -503,3 +503,39 @@ async def test_a_server_that_keeps_no_images_gets_their_data() -> None:
     await engine.close()
     assert kinds == [["data"]] + [["uuid"], ["data"]] * 3 + [["data"]]
     assert engine.stats()["cache_misses"] == 3
+
+
+async def _warm_requests_while_streaming(max_warmups_per_s: float, frames: int, fps: float) -> list[list[str]]:
+    """Stream ``frames`` frames at ``fps`` into a session on engine=openai (an instant mock
+    server); returns each warm request's images, in order."""
+    sent: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        body = json.loads(request.content)
+        if body["max_tokens"] == 1:
+            sent.append([part["uuid"] for m in body["messages"] if isinstance(m["content"], list)
+                         for part in m["content"] if part["type"] == "image_url"])
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
+
+    engine = OpenAIEngine(["http://srv:8000"], model="m", transport=httpx.MockTransport(handler),
+                          max_warmups_per_s=max_warmups_per_s)
+    with run_server(Settings(engine="openai", openai_urls="http://srv:8000", model="m"), engine) as running:
+        client, _ = await connect(running, enable_frame_filter=False, max_frames=frames)
+        for i in range(frames):
+            await client.send(type="video.frame", data=base64.b64encode(jpeg_frame(611 + i)).decode(), frame_id=i)
+            await anyio.sleep(1 / fps)
+        await scenarios.settle(running)
+        await client.ws.close()
+    return sent
+
+
+async def test_warm_requests_follow_the_cadence_and_cover_every_frame() -> None:
+    """Frames arriving faster than max_warmups_per_s are covered together by the next warm
+    request (no queue, no frame left out); a faster cadence warms more often."""
+    slow = await _warm_requests_while_streaming(2, frames=16, fps=16)
+    fast = await _warm_requests_while_streaming(100, frames=16, fps=16)
+    assert len(slow[-1]) == len(fast[-1]) == 16  # the last warm request covers every frame
+    assert all(len(a) < len(b) for a, b in zip(slow, slow[1:]))  # each one adds frames
+    assert len(slow) <= 5 and len(fast) >= 2 * len(slow), (len(slow), len(fast))
