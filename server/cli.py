@@ -133,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
     p_voice.add_argument("--max-tokens", type=int, default=200, help="length of each timed answer")
 
+    p_engine = bench_sub.add_parser("engine", help="what one streaming session costs a remote vLLM server")
+    p_engine.add_argument("--frames", default="8,32,64", help="comma-separated window sizes")
+    p_engine.add_argument("--fps", type=float, default=2.0, help="frames streamed per second")
+    p_engine.add_argument("--modes", default="before,after", help="before (every image's data), after (uuid refs)")
+    p_engine.add_argument("--max-warmups-per-s", type=float, default=2.0)
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -157,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.bench == "ttft":
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
+        elif args.bench == "engine":
+            from server.bench_engine import run_engine
+
+            counts = [int(n) for n in args.frames.split(",")]
+            print(run_engine(counts, args.fps, args.modes.split(","), args.max_warmups_per_s))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 

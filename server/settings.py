@@ -98,6 +98,14 @@ class Settings(BaseSettings):
     openai_audio: bool = Field(
         False, description="ask the remote server for spoken answers too (vLLM-Omni: modalities text and audio)"
     )
+    openai_image_references: bool = Field(
+        True,
+        description="name images a replica already holds by uuid alone (vLLM's chat API); off: every request "
+        "carries every image",
+    )
+    max_warmups_per_s: float = Field(
+        2.0, gt=0, le=100, description="vllm, openai: warm (prefix) requests one session may start per second"
+    )
 
     # Voice: speech out when the engine has no voice, microphone in, server turn detection.
     speech: Literal["espeak", "openai", "off"] = Field(

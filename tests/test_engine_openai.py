@@ -9,6 +9,7 @@ rendezvous choice is the dead one must be served by the live one.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -23,8 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+from anyio.abc import SocketAttribute, SocketStream
 from PIL import Image
 
 from server.background import RunningServer, run_server
@@ -55,6 +58,14 @@ START_TIMEOUT_S = 240
 class VllmServer:
     url: str
     log: Path
+    model_dir: Path
+    port: int
+    proc: subprocess.Popen
+
+    def restart(self) -> None:
+        """Stop the server and start a new one on the same port (with empty caches)."""
+        stop_vllm_server(self.proc)
+        self.proc = start_vllm_server(self.model_dir, self.port, self.log)
 
 
 def _free_port() -> int:
@@ -63,20 +74,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """vLLM's OpenAI-compatible server on the tiny model, with prefix caching and an API key."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+def start_vllm_server(model_dir: Path, port: int, log_path: Path, *, max_images: int = 8,
+                      max_model_len: int = 4096) -> subprocess.Popen:
+    """Start vLLM's OpenAI-compatible server on the tiny model (prefix caching, an API key) and
+    wait until it is healthy. Stop it with ``stop_vllm_server``."""
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(idefics3_model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--api-key", API_KEY, "--max-model-len", "4096", "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
+        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--api-key", API_KEY, "--max-model-len", str(max_model_len),
+        "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
         "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-        "--limit-mm-per-prompt", '{"image": 8}',
+        "--limit-mm-per-prompt", json.dumps({"image": max_images}),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -86,20 +97,41 @@ def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathF
                 raise RuntimeError(f"the vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
+                    return proc
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the vLLM server did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield VllmServer(url, log_path)
+    except BaseException:
+        stop_vllm_server(proc)
+        raise
+
+
+def stop_vllm_server(proc: subprocess.Popen) -> None:
+    """Stop the server and the engine processes it spawned."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """vLLM's OpenAI-compatible server on the tiny model, with prefix caching and an API key."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    server = VllmServer(
+        f"http://127.0.0.1:{port}", log_path, idefics3_model_dir, port,
+        start_vllm_server(idefics3_model_dir, port, log_path),
+    )
+    try:
+        yield server
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine processes it spawned
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_vllm_server(server.proc)
 
 
 @pytest.fixture(scope="module")
@@ -277,3 +309,234 @@ async def test_a_server_failure_before_any_output_is_retried_once() -> None:
         [e async for e in engine.generate("s", "r2", prompt, Sampling())]
     assert not replies
     await engine.close()
+
+
+# ---------------------------------------------------------------------- each frame crosses once
+
+
+class RecordingTransport(httpx.AsyncBaseTransport):
+    """The real HTTP transport, keeping every chat request's destination, body and size."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.sent: list[tuple[int, dict, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/chat/completions"):
+            body = await request.aread()
+            self.sent.append((request.url.port, json.loads(body), len(body)))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def image_parts(body: dict) -> list[str]:
+    """How each image of a request body travels: "data" (a data URL) or "uuid" (named only)."""
+    kinds = []
+    for message in body["messages"]:
+        for part in message["content"] if isinstance(message["content"], list) else ():
+            if part["type"] == "image_url":
+                assert part["uuid"]
+                kinds.append("uuid" if part["image_url"] is None else "data")
+    return kinds
+
+
+def camera_frame(seed: int) -> ImageSegment:
+    jpeg = jpeg_frame(seed)
+    return ImageSegment(hashlib.sha256(jpeg).hexdigest(), Image.open(io.BytesIO(jpeg)), jpeg)
+
+
+def watching(frames: list[ImageSegment], question: str | None = None) -> Prompt:
+    """The session's prompt over ``frames``: open (a warm prefix) without a question."""
+    user: list = []
+    for i, frame in enumerate(frames):
+        user += [TextSegment(f"[{i * 0.5:.1f}s]"), frame]
+    if question is not None:
+        user.append(TextSegment(question))
+    return Prompt((ChatTurn("system", (TextSegment("You watch a camera."),)), ChatTurn("user", tuple(user))),
+                  open_turn=question is None)
+
+
+async def answer(engine: OpenAIEngine, session_id: str, prompt: Prompt) -> tuple[str, Finished]:
+    events = [e async for e in engine.generate(session_id, "q", prompt, Sampling(max_tokens=4))]
+    return "".join(e.text for e in events if isinstance(e, TextDelta)), events[-1]
+
+
+async def test_images_a_replica_holds_go_by_uuid_only(vllm_api_server: VllmServer) -> None:
+    """After a warm request sent the frames' data, the question names them by uuid alone (a few
+    hundred bytes instead of the images), and vLLM answers it exactly as with the data."""
+    recorded, plain = RecordingTransport(), RecordingTransport()
+    engine = OpenAIEngine([vllm_api_server.url], api_key=API_KEY, transport=recorded, max_warmups_per_s=100)
+    baseline = OpenAIEngine([vllm_api_server.url], api_key=API_KEY, transport=plain, image_references=False)
+    await engine.start()
+    await baseline.start()
+    try:
+        frames = [camera_frame(571), camera_frame(572)]
+        await engine.prefill("s-uuid", watching(frames))
+        text, done = await answer(engine, "s-uuid", watching(frames, "What is there?"))
+        await engine.prefill("s-uuid", watching(frames + [camera_frame(573)]))
+        plain_text, plain_done = await answer(baseline, "s-plain", watching(frames, "What is there?"))
+    finally:
+        await engine.close()
+        await baseline.close()
+    assert [image_parts(body) for _, body, _ in recorded.sent] == [
+        ["data", "data"], ["uuid", "uuid"], ["uuid", "uuid", "data"]
+    ]
+    warm_bytes, question_bytes, third_bytes = (size for _, _, size in recorded.sent)
+    frame_b64 = len(base64.b64encode(frames[0].jpeg))
+    assert warm_bytes > 2 * frame_b64 and question_bytes < frame_b64 / 5, (warm_bytes, question_bytes, frame_b64)
+    assert third_bytes < 1.5 * frame_b64
+    assert (text, done.usage.prompt_tokens) == (plain_text, plain_done.usage.prompt_tokens)
+    assert done.usage.cached_tokens >= 2 * scenarios.IMAGE_TOKENS
+    assert image_parts(plain.sent[0][1]) == ["data", "data"]
+
+
+async def _proxy(listener: anyio.abc.Listener[SocketStream], upstream_port: int) -> None:
+    """Forward every connection to ``upstream_port`` until cancelled."""
+
+    async def pump(source: SocketStream, sink: SocketStream, scope: anyio.CancelScope) -> None:
+        try:
+            async for data in source:
+                await sink.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+    async def handle(client: SocketStream) -> None:
+        async with client, await anyio.connect_tcp("127.0.0.1", upstream_port) as upstream:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pump, client, upstream, tg.cancel_scope)
+                tg.start_soon(pump, upstream, client, tg.cancel_scope)
+
+    await listener.serve(handle)
+
+
+async def test_failover_starts_the_new_replicas_set_afresh(vllm_api_server: VllmServer) -> None:
+    """A session whose replica goes away is served by the next one, which is sent the frames'
+    data (it was never sent them), then named them by uuid; the client sees no failure."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    proxy_port = listener.extra(SocketAttribute.local_port)
+    recorded = RecordingTransport()
+    engine = OpenAIEngine([f"http://127.0.0.1:{proxy_port}", vllm_api_server.url], api_key=API_KEY,
+                          transport=recorded, max_warmups_per_s=100)
+    session = next(f"s{i}" for i in range(100) if rendezvous_order(f"s{i}", engine.replicas)[0].base.endswith(
+        f":{proxy_port}"))
+    frames = [camera_frame(581), camera_frame(582)]
+    try:
+        async with anyio.create_task_group() as proxy:
+            proxy.start_soon(_proxy, listener, vllm_api_server.port)
+            await engine.start()
+            await engine.prefill(session, watching(frames))
+            await answer(engine, session, watching(frames, "What is there?"))
+            proxy.cancel_scope.cancel()
+        await listener.aclose()
+        _, done = await answer(engine, session, watching(frames, "And now?"))
+        _, again = await answer(engine, session, watching(frames, "And now?"))
+        health = [r["healthy"] for r in engine.stats()["replicas"]]
+    finally:
+        await engine.close()
+    ports = [port for port, _, _ in recorded.sent]
+    kinds = [image_parts(body) for _, body, _ in recorded.sent]
+    assert ports[:2] == [proxy_port, proxy_port] and kinds[:2] == [["data", "data"], ["uuid", "uuid"]]
+    # after the proxy went away: the request that found it gone, then the live replica, afresh
+    assert ports[-2:] == [vllm_api_server.port] * 2 and kinds[-2:] == [["data", "data"], ["uuid", "uuid"]], (
+        ports, kinds)
+    assert done.finish_reason in {"stop", "length"} and again.usage.cached_tokens >= 2 * scenarios.IMAGE_TOKENS
+    assert health == [False, True]
+
+
+async def test_restarted_server_is_sent_the_frames_again(
+    openai_server: RunningServer, vllm_api_server: VllmServer
+) -> None:
+    """The vLLM server restarts (losing its cache) between two questions of a session: the second
+    is answered, with no error event; livesight resent the frames it named by uuid (a cache miss)."""
+    await scenarios.no_sessions(openai_server)
+    client, _ = await connect(openai_server, enable_frame_filter=False, sampling={"max_tokens": 4, "temperature": 0})
+    for i in range(3):
+        await client.frame(f"r{i}", seed=591 + i, pts_ms=i * 500)
+    first = await client.ask("What is there?")
+    assert first[-1]["status"] == "completed"
+    await scenarios.settle(openai_server)
+    misses = (await scenarios.livesight_metrics(openai_server))["engine"]["cache_misses"]
+
+
+    async def keep_alive() -> None:  # the restart may take longer than the idle timeout
+        while True:
+            await client.send(type="ping")
+            await client.recv_type("pong")  # unread messages would stop the client reading at all
+            await anyio.sleep(5)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keep_alive)
+        await anyio.to_thread.run_sync(vllm_api_server.restart)
+        tg.cancel_scope.cancel()
+    second = await client.ask("And now?")
+    assert [e for e in second if e["type"] == "error"] == []
+    assert second[-1]["status"] == "completed", second[-1]
+    consumed = next(e for e in second if e["type"] == "video.frames.consumed")
+    assert consumed["frame_ids"] == ["r0", "r1", "r2"]
+    assert (await scenarios.livesight_metrics(openai_server))["engine"]["cache_misses"] > misses
+    await client.ws.close()
+
+
+async def test_a_server_that_keeps_no_images_gets_their_data() -> None:
+    """A server that misses every image named by uuid (its cache off) is sent every image's data
+    after a few misses, instead of every request twice; each answer is still served."""
+    kinds: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        body = json.loads(request.content)
+        kinds.append(image_parts(body))
+        if "uuid" in kinds[-1]:
+            return httpx.Response(400, json={"error": {"message": "Cache miss for image at index 0 but data is not "
+                                                                  "provided.", "code": 400}})
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
+
+    engine = OpenAIEngine(["http://srv:8000"], model="m", transport=httpx.MockTransport(handler),
+                          max_warmups_per_s=100)
+    await engine.start()
+    frames = [camera_frame(601)]
+    for _ in range(5):
+        assert await engine.prefill("s", watching(frames)) == 300
+    await engine.close()
+    assert kinds == [["data"]] + [["uuid"], ["data"]] * 3 + [["data"]]
+    assert engine.stats()["cache_misses"] == 3
+
+
+async def _warm_requests_while_streaming(max_warmups_per_s: float, frames: int, fps: float) -> list[list[str]]:
+    """Stream ``frames`` frames at ``fps`` into a session on engine=openai (an instant mock
+    server); returns each warm request's images, in order."""
+    sent: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        body = json.loads(request.content)
+        if body["max_tokens"] == 1:
+            sent.append([part["uuid"] for m in body["messages"] if isinstance(m["content"], list)
+                         for part in m["content"] if part["type"] == "image_url"])
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
+
+    engine = OpenAIEngine(["http://srv:8000"], model="m", transport=httpx.MockTransport(handler),
+                          max_warmups_per_s=max_warmups_per_s)
+    with run_server(Settings(engine="openai", openai_urls="http://srv:8000", model="m"), engine) as running:
+        client, _ = await connect(running, enable_frame_filter=False, max_frames=frames)
+        for i in range(frames):
+            await client.send(type="video.frame", data=base64.b64encode(jpeg_frame(611 + i)).decode(), frame_id=i)
+            await anyio.sleep(1 / fps)
+        await scenarios.settle(running)
+        await client.ws.close()
+    return sent
+
+
+async def test_warm_requests_follow_the_cadence_and_cover_every_frame() -> None:
+    """Frames arriving faster than max_warmups_per_s are covered together by the next warm
+    request (no queue, no frame left out); a faster cadence warms more often."""
+    slow = await _warm_requests_while_streaming(2, frames=16, fps=16)
+    fast = await _warm_requests_while_streaming(100, frames=16, fps=16)
+    assert len(slow[-1]) == len(fast[-1]) == 16  # the last warm request covers every frame
+    assert all(len(a) < len(b) for a, b in zip(slow, slow[1:]))  # each one adds frames
+    assert len(slow) <= 5 and len(fast) >= 2 * len(slow), (len(slow), len(fast))

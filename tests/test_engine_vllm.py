@@ -7,14 +7,17 @@ platform forces the spawn method; pytest's entry point is import-safe), which ta
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from server.background import RunningServer, run_server
 from server.settings import Settings
 from tests import engine_scenarios as scenarios
+from tests.conftest import connect
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +86,30 @@ def test_missing_model_fails_to_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="did not start"):
         with run_server(vllm_test_settings(tmp_path), start_timeout_s=120):
             pass
+
+
+def clear_vllm_image_cache(server: RunningServer) -> None:
+    """Make vLLM forget every image it was handed (what its cache does to old ones under
+    pressure), on the server's own event loop."""
+    llm = server.engine._llm
+    loop = llm.output_handler.get_loop()
+    asyncio.run_coroutine_threadsafe(llm.reset_mm_cache(), loop).result(timeout=120)
+
+
+async def test_images_vllm_lost_are_handed_over_again(vllm_server: RunningServer) -> None:
+    """Frames vLLM holds go by uuid alone; when it has lost them, the next question is still
+    answered, with no error event (the request is submitted again with the images)."""
+    client, _ = await connect(vllm_server, enable_frame_filter=False, sampling={"max_tokens": 4, "temperature": 0})
+    for i in range(3):
+        await client.frame(f"l{i}", seed=621 + i, pts_ms=i * 500)
+    first = await client.ask("What is there?")
+    assert first[-1]["status"] == "completed"
+    await scenarios.settle(vllm_server)
+    misses = (await scenarios.livesight_metrics(vllm_server))["engine"]["cache_misses"]
+    await anyio.to_thread.run_sync(clear_vllm_image_cache, vllm_server)
+    second = await client.ask("What is there now?")
+    assert [e for e in second if e["type"] == "error"] == []
+    assert second[-1]["status"] == "completed", second[-1]
+    assert second[-1]["usage"]["prompt_tokens"] > 3 * scenarios.IMAGE_TOKENS
+    assert (await scenarios.livesight_metrics(vllm_server))["engine"]["cache_misses"] == misses + 1
+    await client.ws.close()

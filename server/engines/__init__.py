@@ -25,6 +25,8 @@ def create_engine(settings: Settings) -> Engine:
             health_interval_s=settings.openai_health_interval_s,
             audio_output=settings.openai_audio,
             max_image_side=settings.max_image_side,
+            image_references=settings.openai_image_references,
+            max_warmups_per_s=settings.max_warmups_per_s,
         )
 
     from server.demo_model import resolve_model
@@ -37,6 +39,7 @@ def create_engine(settings: Settings) -> Engine:
             engine_args=vllm_engine_args(settings),
             trust_remote_code=settings.trust_remote_code,
             max_image_side=settings.max_image_side,
+            max_warmups_per_s=settings.max_warmups_per_s,
         )
 
     from server.engines.transformers_engine import TransformersEngine

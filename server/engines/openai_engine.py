@@ -4,7 +4,19 @@ Each answer is one streamed ``/v1/chat/completions`` request. Frames travel as d
 the client's own bytes (no re-encode; a frame without them is encoded as JPEG once) with the
 frame's content key as the part's ``uuid``, which vLLM uses as the image's cache identity.
 Warmup is the same request over the prefix, closed as a user turn, for one token: the server
-caches every block up to the last frame, which is what the next query shares with it.
+caches every block up to the last frame, which is what the next query shares with it. A
+session's warm requests are paced by a ``WarmCadence``.
+
+Each frame crosses to a replica once. The engine remembers, per replica, which content keys it
+has sent there (keys are content hashes, so the set is shared by all sessions); later requests
+name those images by ``uuid`` alone (``"image_url": null``), which vLLM serves from its
+multimodal cache without receiving, decoding or processing the image again. A replica that
+lost an image (it restarted, or its cache evicted it) answers 400 "Cache miss ..."; the
+request is then sent once more with every image's data and the replica's set starts afresh.
+The set is also dropped whenever the replica's health changes (it may have restarted), so a
+session that fails over to another replica, or comes back to a restarted one, starts afresh.
+Servers that cannot take uuid-only images (SGLang, older vLLM) need ``image_references`` off
+(the ``openai_image_references`` setting).
 
 Several replicas may serve one model. A session always goes to the same one, chosen by
 rendezvous hashing of its id (so its prefix stays warm there, and only the sessions of a
@@ -31,7 +43,7 @@ import wave
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -51,6 +63,7 @@ from server.engines.base import (
     TextSegment,
     Usage,
 )
+from server.engines.warm_cadence import WarmCadence
 
 log = logging.getLogger("livesight.engines")
 
@@ -58,6 +71,8 @@ AUDIO_RATE = 24_000  # what OpenAI's pcm16 audio deltas (and vLLM-Omni's speech)
 _HEALTH_TIMEOUT_S = 3.0
 _CONNECT_TIMEOUT_S = 5.0
 _DATA_URL_CACHE = 512
+_HELD_KEYS = 8192  # content keys remembered per replica (a forgotten one is only sent again)
+_MISSES_BEFORE_DATA_ONLY = 3  # cache misses in a row after which a replica gets every image's data
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "tool_calls": "stop", "content_filter": "stop"}
 
 
@@ -65,17 +80,62 @@ class _ServerFailure(EngineError):
     """The server failed a request on its side (5xx or an error event): worth one retry."""
 
 
+class _ReplicaDown(EngineError):
+    """The replica could not be reached and its health check failed: another may serve."""
+
+
+class _CacheMiss(EngineError):
+    """The server does not hold an image the request named by uuid alone."""
+
+
 @dataclass
 class Replica:
-    """One server: its API root (``.../v1``) and what its last health check said."""
+    """One server: its API root (``.../v1``), what its last health check said, and the
+    content keys of the images it has been sent (and so holds, unless it lost them)."""
 
     base: str
     healthy: bool = True
     checked_at: float = -math.inf
+    held: OrderedDict[str, None] = field(default_factory=OrderedDict, repr=False)
+    misses_in_row: int = 0  # requests naming images by uuid that it could not serve, in a row
 
     @property
     def api(self) -> str:
         return self.base + "/v1"
+
+    @property
+    def keeps_images(self) -> bool:
+        """False once it missed every time in a row: it keeps no images between requests (a
+        server with its multimodal cache off), so naming them would only double each request."""
+        return self.misses_in_row < _MISSES_BEFORE_DATA_ONLY
+
+    def holds(self, key: str) -> bool:
+        """True when the image ``key`` was sent here (since the set was last dropped)."""
+        if key in self.held:
+            self.held.move_to_end(key)
+            return True
+        return False
+
+    def remember(self, keys: Iterable[str]) -> None:
+        """Note images the replica accepted with their data."""
+        for key in keys:
+            self.held[key] = None
+            self.held.move_to_end(key)
+        while len(self.held) > _HELD_KEYS:
+            self.held.popitem(last=False)
+
+    def forget(self) -> None:
+        """Drop the set: every image goes with its data again until the replica accepts it."""
+        self.held.clear()
+
+
+@dataclass
+class _Body:
+    """A request body and how its images travel: keys sent with data, and images named only."""
+
+    json: dict[str, Any]
+    sent: list[str]
+    referenced: int
 
 
 def replica_base(url: str) -> str:
@@ -106,6 +166,8 @@ class OpenAIEngine(Engine):
         health_interval_s: float = 5.0,
         audio_output: bool = False,
         max_image_side: int = 1024,
+        image_references: bool = True,
+        max_warmups_per_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not urls:
@@ -114,12 +176,16 @@ class OpenAIEngine(Engine):
         self.model = model
         self.health_interval_s = health_interval_s
         self.audio_output = audio_output
+        self.image_references = image_references
+        self._cadence = WarmCadence(max_warmups_per_s)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s, connect=_CONNECT_TIMEOUT_S)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._data_urls: OrderedDict[str, str] = OrderedDict()
         self._live = 0
+        self.traffic = {"requests": 0, "request_bytes": 0, "images_sent": 0, "images_referenced": 0, "cache_misses": 0,
+                        "prompt_tokens": 0}
         self.capabilities = Capabilities(
             name="openai", model=model or "", warm_prefix=True, audio_output=audio_output, max_image_side=max_image_side
         )
@@ -153,31 +219,41 @@ class OpenAIEngine(Engine):
                 await client.aclose()
 
     def stats(self) -> dict[str, object]:
-        """The replicas' health and the requests in flight."""
+        """The replicas' health, the requests in flight and what has been sent (counters since start)."""
         return {
             "running_requests": self._live,
-            "replicas": [{"url": r.base, "healthy": r.healthy} for r in self.replicas],
+            "replicas": [{"url": r.base, "healthy": r.healthy, "held_images": len(r.held)} for r in self.replicas],
+            **self.traffic,
         }
 
     # ------------------------------------------------------------------ requests
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
-        """A one-token request over the prefix; returns its prompt length in tokens."""
-        body = await self._body(prompt, Sampling(temperature=0.0, max_tokens=1))
-        body["stream"] = False
+        """A one-token request over the prefix; returns its prompt length in tokens.
+
+        Paced: it returns no sooner than the session's warm cadence allows the next one.
+        """
+        async with self._cadence.slot():
+            return await self._warm(session_id, prompt)
+
+    async def _warm(self, session_id: str, prompt: Prompt) -> int:
+        sampling = Sampling(temperature=0.0, max_tokens=1)
         replica = await self._pick(session_id)
         self._live += 1
         try:
             try:
-                response = await self._send(replica, body, stream=False)
-            except _ServerFailure:
-                response = await self._send(replica, body, stream=False)  # see generate
+                response = await self._open(replica, prompt, sampling, {"stream": False}, stream=False)
+            except (_ServerFailure, _ReplicaDown):  # see generate
+                replica = await self._pick(session_id)
+                response = await self._open(replica, prompt, sampling, {"stream": False}, stream=False)
         finally:
             self._live -= 1
         try:
             usage = response.json().get("usage") or {}
         except (ValueError, AttributeError) as exc:
             raise EngineError(f"{replica.base} sent a malformed answer") from exc
-        return int(usage.get("prompt_tokens") or 0)
+        tokens = int(usage.get("prompt_tokens") or 0)
+        self.traffic["prompt_tokens"] += tokens
+        return tokens
 
     async def generate(
         self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
@@ -186,37 +262,39 @@ class OpenAIEngine(Engine):
 
         A request the server fails before any output (a 5xx, or an error event first) is sent
         once more: vLLM fails a request that way, asking for a retry, when its front end and
-        engine core disagree about which images are cached (after an aborted request).
+        engine core disagree about which images are cached (after an aborted request). One
+        whose replica turns out to be down is sent once to the next healthy replica.
         """
-        body = await self._body(prompt, sampling)
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
         if self.audio_output:
-            body["modalities"] = ["text", "audio"]
+            extra["modalities"] = ["text", "audio"]
         replica = await self._pick(session_id)
         self._live += 1
         try:
             for attempt in range(2):
                 produced = False
                 try:
-                    async with aclosing(self._events(replica, body, request_id)) as events:
+                    async with aclosing(self._events(replica, prompt, sampling, extra, request_id)) as events:
                         async for event in events:
                             produced = True
                             yield event
                     return
-                except _ServerFailure as exc:
+                except (_ServerFailure, _ReplicaDown) as exc:
                     if produced or attempt:
                         raise
                     log.info("%s failed request %s before any output (%s); sending it again", replica.base,
                              request_id, exc)
+                    replica = await self._pick(session_id)
         finally:
             self._live -= 1
 
-    async def _events(self, replica: Replica, body: dict[str, Any], request_id: str) -> AsyncIterator[EngineEvent]:
+    async def _events(
+        self, replica: Replica, prompt: Prompt, sampling: Sampling, extra: dict[str, Any], request_id: str
+    ) -> AsyncIterator[EngineEvent]:
         """One streamed request: its text and audio, then ``Finished``. Raises ``EngineError``."""
         reason: str | None = None
         usage: dict[str, Any] = {}
-        response = await self._send(replica, body, stream=True, request_id=request_id)
+        response = await self._open(replica, prompt, sampling, extra, stream=True, request_id=request_id)
         try:
             async for chunk in _sse_chunks(response):
                 if chunk.get("error"):
@@ -234,6 +312,7 @@ class OpenAIEngine(Engine):
         if reason is None:
             raise EngineError(f"{replica.base} ended the stream without finishing the answer")
         details = usage.get("prompt_tokens_details") or {}
+        self.traffic["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
         yield Finished(
             _FINISH.get(reason, "stop"),
             Usage(
@@ -243,19 +322,66 @@ class OpenAIEngine(Engine):
             ),
         )
 
+    async def _open(
+        self,
+        replica: Replica,
+        prompt: Prompt,
+        sampling: Sampling,
+        extra: dict[str, Any],
+        *,
+        stream: bool,
+        request_id: str | None = None,
+    ) -> httpx.Response:
+        """Send ``prompt`` to ``replica``, naming the images it holds by uuid alone.
+
+        Returns the response once its status says it is served; the replica now holds every
+        image sent with its data. On a cache miss the replica's set is dropped and the request
+        goes once more with every image's data. Raises ``EngineError`` (see ``_send``).
+        """
+        refer = self.image_references and replica.keeps_images
+        body = await self._body(prompt, sampling, replica if refer else None)
+        body.json.update(extra)
+        try:
+            response = await self._send(replica, body, stream=stream, request_id=request_id)
+            if body.referenced:
+                replica.misses_in_row = 0
+        except _CacheMiss as exc:
+            if not body.referenced:
+                raise EngineError(str(exc)) from exc
+            log.info("%s lost images it was sent (%s); sending them again", replica.base, exc)
+            self.traffic["cache_misses"] += 1
+            replica.forget()
+            replica.misses_in_row += 1
+            if not replica.keeps_images:
+                log.warning("%s keeps no images between requests (its multimodal cache is off?): every "
+                            "request to it carries every image from now on", replica.base)
+            body = await self._body(prompt, sampling, None)
+            body.json.update(extra)
+            response = await self._send(replica, body, stream=stream, request_id=request_id)
+        replica.remember(body.sent)
+        return response
+
     async def _send(
-        self, replica: Replica, body: dict[str, Any], *, stream: bool, request_id: str | None = None
+        self, replica: Replica, body: _Body, *, stream: bool, request_id: str | None = None
     ) -> httpx.Response:
         """POST a chat completion; returns the response once its status says it is served.
 
         A pooled connection that the server closed as it was reused is retried once. Raises
+        ``_CacheMiss`` for an image named by uuid that the server does not hold, else
         ``EngineError`` (after checking the replica's health when the failure may be its own).
         """
-        headers = {"X-Request-Id": request_id} if request_id else {}
+        headers = {"Content-Type": "application/json"}
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        content = json.dumps(body.json, separators=(",", ":")).encode()
         for attempt in range(2):
             request = self._client.build_request(
-                "POST", replica.api + "/chat/completions", json=body, headers=headers
+                "POST", replica.api + "/chat/completions", content=content, headers=headers
             )
+            self.traffic["requests"] += 1
+            self.traffic["request_bytes"] += len(content)
+            self.traffic["images_sent"] += len(body.sent)
+            self.traffic["images_referenced"] += body.referenced
             try:
                 response = await self._client.send(request, stream=stream)
                 break
@@ -268,6 +394,8 @@ class OpenAIEngine(Engine):
             detail = await response.aread()
             await response.aclose()
             message = f"{replica.base} answered {response.status_code}: {_error_text(detail)}"
+            if response.status_code == 400 and "cache miss" in message.lower():
+                raise _CacheMiss(message)
             if response.status_code >= 500:
                 await self._check(replica)
                 raise _ServerFailure(message)
@@ -305,12 +433,16 @@ class OpenAIEngine(Engine):
             log.debug("health check of %s failed: %s", replica.base, exc)
         if healthy != replica.healthy:
             log.warning("replica %s is %s", replica.base, "back" if healthy else "down")
+            replica.forget()  # down or back: it may have restarted with an empty cache
+            replica.misses_in_row = 0  # ... and perhaps with other options
         replica.healthy = healthy
         replica.checked_at = time.monotonic()
 
     async def _failure(self, replica: Replica, exc: httpx.HTTPError) -> EngineError:
         """A transport error: the replica is checked now, so a dead one is skipped from here on."""
         await self._check(replica)
+        if not replica.healthy:
+            return _ReplicaDown(f"{replica.base}: {type(exc).__name__}: {exc}")
         return EngineError(f"{replica.base}: {type(exc).__name__}: {exc}")
 
     async def _discover_model(self) -> str:
@@ -327,17 +459,28 @@ class OpenAIEngine(Engine):
         raise EngineError("no server could name its model; set model (LIVESIGHT_MODEL) to the served model name")
 
     # ------------------------------------------------------------------ request bodies
-    async def _body(self, prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
-        """The chat completion request for ``prompt`` (an open turn is sent closed)."""
+    async def _body(self, prompt: Prompt, sampling: Sampling, holder: Replica | None) -> _Body:
+        """The chat completion request for ``prompt`` (an open turn is sent closed).
+
+        Images that ``holder`` holds are named by uuid alone; the others carry their data
+        (with their content key as uuid, so the server can hold them from now on).
+        """
         messages = []
+        sent: list[str] = []
+        referenced = 0
         for turn in prompt.turns:
             parts: list[dict[str, Any]] = []
             for seg in turn.segments:
                 if isinstance(seg, TextSegment):
                     parts.append({"type": "text", "text": seg.text})
                 elif isinstance(seg, ImageSegment):
+                    if holder is not None and holder.holds(seg.key):
+                        parts.append({"type": "image_url", "image_url": None, "uuid": seg.key})
+                        referenced += 1
+                        continue
                     url = await self._data_url(seg)
                     parts.append({"type": "image_url", "image_url": {"url": url}, "uuid": seg.key})
+                    sent.append(seg.key)
             if all(p["type"] == "text" for p in parts):
                 messages.append({"role": turn.role, "content": "".join(p["text"] for p in parts)})
             else:
@@ -351,7 +494,7 @@ class OpenAIEngine(Engine):
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        return body
+        return _Body(body, sent, referenced)
 
     async def _data_url(self, image: ImageSegment) -> str:
         """A data URL of the client's own image bytes (JPEG-encoded once when there are none)."""
