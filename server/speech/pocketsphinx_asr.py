@@ -9,7 +9,9 @@ would wait for a whole call: audio goes in 10 ms steps (one feature frame each),
 cancellation check between steps, so neither a ``ping`` of another session nor a cancel
 waits more than one step. The second search passes (``fwdflat``, ``bestpath``) are off:
 they run at the end of an utterance, over all of it, in one call (0.1-0.7 s for 10 s of
-speech here, holding the GIL throughout).
+speech here, holding the GIL throughout). Ending an utterance still costs one call of
+40-150 ms here; a cancelled utterance is left open and ended by the next stream that takes
+its decoder, in that stream's first step, so a cancel never waits for it.
 
 PocketSphinx's feature normalisation fails on digital silence (synthesized or gated audio):
 a faint, seeded noise floor is added first, well below any microphone's own.
@@ -40,7 +42,7 @@ class PocketsphinxTranscriber(Transcriber):
 
     def __init__(self, decoders: int = 1) -> None:
         self.size = decoders
-        self._pool: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._pool: queue.SimpleQueue[_Decoder] = queue.SimpleQueue()
         self._decoders: anyio.CapacityLimiter | None = None  # held by a stream for its utterance
         self._threads: anyio.CapacityLimiter | None = None  # one recognition step at a time per decoder
 
@@ -48,7 +50,7 @@ class PocketsphinxTranscriber(Transcriber):
         self._decoders = anyio.CapacityLimiter(self.size)
         self._threads = anyio.CapacityLimiter(self.size)
         for _ in range(self.size):
-            self._pool.put(await blocking.run_blocking(_load, limiter=self._threads))
+            self._pool.put(_Decoder(await blocking.run_blocking(_load, limiter=self._threads)))
 
     def open_stream(self) -> TranscriptStream:
         if self._decoders is None or self._threads is None:
@@ -70,18 +72,17 @@ class PocketsphinxStream(TranscriptStream):
     ``aclose``). A stream waits for a decoder while all are taken."""
 
     def __init__(
-        self, pool: queue.SimpleQueue[object], decoders: anyio.CapacityLimiter, threads: anyio.CapacityLimiter
+        self, pool: queue.SimpleQueue[_Decoder], decoders: anyio.CapacityLimiter, threads: anyio.CapacityLimiter
     ) -> None:
         self._pool = pool
         self._decoders = decoders
         self._threads = threads
-        self._decoder: object | None = None
-        self._in_utterance = False
+        self._decoder: _Decoder | None = None
         self._samples = 0
         self._odd = b""
         self._rng = np.random.default_rng(0)
 
-    async def _take(self) -> object:
+    async def _take(self) -> _Decoder:
         if self._decoder is None:
             await self._decoders.acquire_on_behalf_of(self)
             self._decoder = self._pool.get_nowait()
@@ -93,15 +94,18 @@ class PocketsphinxStream(TranscriptStream):
         if data:
             await blocking.run_blocking(self._feed_sync, decoder, data, limiter=self._threads)
 
-    def _feed_sync(self, decoder: object, pcm16: bytes) -> None:
+    def _feed_sync(self, pooled: _Decoder, pcm16: bytes) -> None:
         """Blocking: recognise ``pcm16`` step by step; stops between steps when cancelled."""
         samples = np.frombuffer(pcm16, "<i2").astype(np.float32)
         samples += self._rng.normal(0.0, NOISE_FLOOR, len(samples)).astype(np.float32)
         audio = np.clip(samples, -32768, 32767).astype("<i2").tobytes()
+        decoder = pooled.decoder
         try:
-            if not self._in_utterance:
+            if not pooled.ours:
+                if pooled.in_utterance:  # a cancelled stream's utterance: end it first
+                    _end_quietly(decoder)
                 decoder.start_utt()
-                self._in_utterance = True
+                pooled.in_utterance = pooled.ours = True
             step = STEP_SAMPLES * 2
             for at in range(0, len(audio), step):
                 blocking.cancel_point()
@@ -116,27 +120,32 @@ class PocketsphinxStream(TranscriptStream):
         decoder = await self._take()
         return await blocking.run_blocking(self._end_sync, decoder, limiter=self._threads)
 
-    def _end_sync(self, decoder: object) -> str:
+    def _end_sync(self, pooled: _Decoder) -> str:
         try:
-            decoder.end_utt()
-            self._in_utterance = False
-            hyp = decoder.hyp()
+            pooled.decoder.end_utt()
+            pooled.in_utterance = False
+            hyp = pooled.decoder.hyp()
         except RuntimeError as exc:
             raise SpeechError(f"PocketSphinx failed: {exc}") from exc
         return "" if hyp is None else " ".join(w for w in hyp.hypstr.split() if not w.startswith("<"))
 
     async def aclose(self) -> None:
-        decoder, self._decoder = self._decoder, None
-        if decoder is None:
+        pooled, self._decoder = self._decoder, None
+        if pooled is None:
             return
-        with anyio.CancelScope(shield=True):
-            try:
-                if self._in_utterance:
-                    await blocking.run_blocking(_end_quietly, decoder, limiter=self._threads)
-                    self._in_utterance = False
-            finally:
-                self._pool.put(decoder)
-                self._decoders.release_on_behalf_of(self)
+        pooled.ours = False  # an open utterance is ended by the next stream (see the module notes)
+        self._pool.put(pooled)
+        self._decoders.release_on_behalf_of(self)
+
+
+class _Decoder:
+    """A pooled decoder and whether an utterance is open on it (``ours``: by the stream
+    that holds it now)."""
+
+    def __init__(self, decoder: object) -> None:
+        self.decoder = decoder
+        self.in_utterance = False
+        self.ours = False
 
 
 def _even(data: bytes) -> tuple[bytes, bytes]:
