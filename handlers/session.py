@@ -220,7 +220,7 @@ class Session:
             while True:
                 raw = await self._receive_or_idle()
                 try:
-                    event = parse_client_event(raw)
+                    event = parse_client_event(raw, configured=True)
                 except SessionError as exc:
                     await self.report(exc)
                     continue

@@ -40,7 +40,7 @@ from server.engines.base import (
     TextDelta,
     Usage,
 )
-from server.engines.prompt_encoding import render_chat
+from server.engines.prompt_encoding import render_chat, special_tokens
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -74,6 +74,7 @@ class VllmEngine(Engine):
         self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True)
         self._llm: AsyncLLM | None = None
         self._template: Any = None  # the processor (or tokenizer) owning the chat template
+        self._specials: list[str] = []
         self._warm_ids = itertools.count(1)
         self._live: dict[str, set[str]] = {}  # session id -> engine request ids still running
 
@@ -98,6 +99,7 @@ class VllmEngine(Engine):
         except (OSError, ValueError, RuntimeError, TypeError, KeyError, ImportError) as exc:
             raise EngineError(f"vLLM could not start {self.model_path!r}: {exc}") from exc
         self._template = processor
+        self._specials = special_tokens(getattr(processor, "tokenizer", processor))  # escaped in user text
         side = model_image_side(processor.image_processor, self._max_image_side)
         self.capabilities = Capabilities(name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side)
         log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
@@ -242,7 +244,7 @@ class VllmEngine(Engine):
     def _inputs(self, prompt: Prompt) -> dict[str, Any]:
         """vLLM's prompt dict: chat-template text, images, and their content keys as uuids."""
         try:
-            text, images = render_chat(self._template, prompt)
+            text, images = render_chat(self._template, prompt, self._specials)
         except (ValueError, KeyError, TypeError) as exc:  # a template that rejects the conversation
             raise EngineError(f"cannot render the prompt: {exc}") from exc
         inputs: dict[str, Any] = {"prompt": text}
