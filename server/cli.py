@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
     p_voice.add_argument("--max-tokens", type=int, default=200, help="length of each timed answer")
 
+    p_fuzz = bench_sub.add_parser("fuzz", help="hostile messages through the real server, each answer checked")
+    p_fuzz.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_fuzz.add_argument("--messages", type=int, default=10_000, help="hostile messages sent")
+    p_fuzz.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: a fixed sequence)")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -150,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.bench == "ttft":
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
+        elif args.bench == "fuzz":
+            from server.bench_fuzz import run_fuzz
+
+            print(run_fuzz(args.model, args.messages, args.seed))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 
