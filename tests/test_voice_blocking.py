@@ -107,3 +107,41 @@ async def test_cancel_stops_a_spoken_question_at_once(server: RunningServer) -> 
         await client.ws.close()
     print(f"cancel -> response.done {cancel_s * 1000:.1f} ms; transcription {transcribe_s * 1000:.0f} ms")
     assert cancel_s <= 0.1 * transcribe_s
+
+
+async def test_a_listening_stream_gives_its_decoder_to_an_asked_question() -> None:
+    """With one decoder, a stream that keeps listening hands it over to a question that was
+    asked (a session streaming audio forever cannot starve the others), and still gets its
+    own words when it is asked later."""
+    import anyio
+
+    from server.speech.pocketsphinx_asr import PocketsphinxTranscriber
+
+    transcriber = PocketsphinxTranscriber(1)
+    await transcriber.start()
+    clip = speak_clip("what is on the table", lead_ms=200, tail_ms=300, noise=30).pcm16
+    listener, asker = transcriber.open_stream(), transcriber.open_stream()
+    try:
+        await listener.feed(clip[:16_000])  # takes the only decoder
+        async with anyio.create_task_group() as tg:
+            asked: list[str] = []
+
+            async def ask() -> None:
+                await asker.feed(clip)  # no decoder free: kept for finish
+                asked.append(await asker.finish())
+                await asker.aclose()  # done: the decoder goes back
+
+            tg.start_soon(ask)
+            await anyio.sleep(0.05)
+            with anyio.fail_after(30):
+                while not asked:
+                    await listener.feed(bytes(320))  # the listener goes on; it yields the decoder
+                    await anyio.sleep(0.01)
+        await listener.feed(clip[16_000:])
+        words = "what is on the table".split()
+        assert sum(w in asked[0].split() for w in words) >= 3, asked
+        mine = (await listener.finish()).split()
+        assert sum(w in mine for w in words) >= 3, mine
+    finally:
+        await listener.aclose()
+        await asker.aclose()

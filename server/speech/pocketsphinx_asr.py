@@ -2,7 +2,9 @@
 
 A fixed pool of decoders (each ~1 s to load) serves all sessions, one utterance per decoder
 at a time. An utterance is streamed: audio is recognised as it arrives, so the words are
-ready about when the speech stops.
+ready about when the speech stops. Streaming uses a decoder only while it is free: a
+question that was asked and waits for a decoder takes it from a stream still listening,
+which starts over when it is asked in turn.
 
 PocketSphinx holds the GIL while it recognises, so the event loop (and every other session)
 would wait for a whole call: audio goes in 10 ms steps (one feature frame each), with a
@@ -68,8 +70,13 @@ class PocketsphinxTranscriber(Transcriber):
 
 
 class PocketsphinxStream(TranscriptStream):
-    """One utterance on one pooled decoder (taken at the first ``feed``, given back by
-    ``aclose``). A stream waits for a decoder while all are taken."""
+    """One utterance, recognised on a pooled decoder while one is free.
+
+    ``feed`` takes a decoder only when one is free at once, and gives it back as soon as a
+    finishing stream (a question that was asked) waits for one: a session that streams audio
+    and never asks cannot starve the others. The audio is kept (the session bounds it), so a
+    stream that had no decoder, or lost it, recognises what is left in ``finish``.
+    """
 
     def __init__(
         self, pool: queue.SimpleQueue[_Decoder], decoders: anyio.CapacityLimiter, threads: anyio.CapacityLimiter
@@ -78,21 +85,40 @@ class PocketsphinxStream(TranscriptStream):
         self._decoders = decoders
         self._threads = threads
         self._decoder: _Decoder | None = None
-        self._samples = 0
+        self._audio = bytearray()  # every whole sample fed
+        self._done = 0  # bytes of it recognised on the decoder held now
         self._odd = b""
         self._rng = np.random.default_rng(0)
 
-    async def _take(self) -> _Decoder:
-        if self._decoder is None:
-            await self._decoders.acquire_on_behalf_of(self)
-            self._decoder = self._pool.get_nowait()
-        return self._decoder
+    def _hold(self) -> None:
+        self._decoder = self._pool.get_nowait()
+        self._done = 0
+
+    def _release(self) -> None:
+        pooled, self._decoder = self._decoder, None
+        if pooled is not None:
+            pooled.ours = False  # an open utterance is ended by the next stream (see the module notes)
+            self._pool.put(pooled)
+            self._decoders.release_on_behalf_of(self)
 
     async def feed(self, pcm16: bytes) -> None:
-        decoder = await self._take()
         data, self._odd = _even(self._odd + pcm16)
-        if data:
-            await blocking.run_blocking(self._feed_sync, decoder, data, limiter=self._threads)
+        self._audio.extend(data)
+        if self._decoder is None:
+            try:
+                self._decoders.acquire_on_behalf_of_nowait(self)
+            except anyio.WouldBlock:
+                return  # every decoder is busy: this audio is recognised in finish
+            self._hold()
+        elif self._decoders.statistics().tasks_waiting:
+            self._release()  # an asked question waits for a decoder: it goes first
+            return
+        await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        if len(self._audio) > self._done:
+            pending = bytes(self._audio[self._done :])
+            await blocking.run_blocking(self._feed_sync, self._decoder, pending, limiter=self._threads)
 
     def _feed_sync(self, pooled: _Decoder, pcm16: bytes) -> None:
         """Blocking: recognise ``pcm16`` step by step; stops between steps when cancelled."""
@@ -110,15 +136,18 @@ class PocketsphinxStream(TranscriptStream):
             for at in range(0, len(audio), step):
                 blocking.cancel_point()
                 decoder.process_raw(audio[at : at + step], full_utt=False)
-                self._samples += len(audio[at : at + step]) // 2
+                self._done += len(audio[at : at + step])
         except RuntimeError as exc:
             raise SpeechError(f"PocketSphinx failed: {exc}") from exc
 
     async def finish(self) -> str:
-        if self._samples < MIN_SAMPLES:
+        if len(self._audio) < MIN_SAMPLES * 2:
             return ""
-        decoder = await self._take()
-        return await blocking.run_blocking(self._end_sync, decoder, limiter=self._threads)
+        if self._decoder is None:
+            await self._decoders.acquire_on_behalf_of(self)
+            self._hold()
+        await self._catch_up()
+        return await blocking.run_blocking(self._end_sync, self._decoder, limiter=self._threads)
 
     def _end_sync(self, pooled: _Decoder) -> str:
         try:
@@ -130,12 +159,8 @@ class PocketsphinxStream(TranscriptStream):
         return "" if hyp is None else " ".join(w for w in hyp.hypstr.split() if not w.startswith("<"))
 
     async def aclose(self) -> None:
-        pooled, self._decoder = self._decoder, None
-        if pooled is None:
-            return
-        pooled.ours = False  # an open utterance is ended by the next stream (see the module notes)
-        self._pool.put(pooled)
-        self._decoders.release_on_behalf_of(self)
+        self._release()
+        self._audio = bytearray()
 
 
 class _Decoder:
