@@ -336,7 +336,7 @@ class SessionCore:
         if self.detector.speech_start is None or self.config.turn_detection is None:
             return None
         padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
-        return max(self.audio_origin, self.detector.speech_start - padding)
+        return max(0, self.detector.speech_start - padding)  # fixed for the whole speech
 
     def audio_since(self, sample: int) -> bytes:
         """The buffered audio from stream sample ``sample`` to the newest."""

@@ -207,16 +207,17 @@ class Listening:
     """One question's audio on its way into the transcriber, from stream sample ``start``.
 
     Start ``run`` in the session's task group with ``tg.start``; hand it audio with ``add``
-    (never waits); end with ``finish`` (the words) or ``cancel`` (stops at once). Audio waiting
-    to be recognised is bounded by ``max_pending_bytes``: past it the transcription fails
-    (``finish`` raises), it never grows without bound.
+    (never waits); end with ``finish`` (the words) or ``cancel`` (stops at once). The audio of
+    one question is bounded by ``max_bytes``: past it the transcription fails (``finish``
+    raises); neither it nor what waits to be recognised grows without bound.
     """
 
-    def __init__(self, stream: TranscriptStream, start: int, max_pending_bytes: int) -> None:
+    def __init__(self, stream: TranscriptStream, start: int, max_bytes: int) -> None:
         self.start = start
         self.fed = start  # stream sample up to which audio was handed over
         self._stream = stream
-        self._max_pending = max_pending_bytes
+        self._max_bytes = max_bytes
+        self._total = 0
         self._pending = bytearray()
         self._wanted = anyio.Event()
         self._finishing = False
@@ -253,8 +254,9 @@ class Listening:
         if self._finishing or self._error is not None or not pcm16:
             self.fed = max(self.fed, samples_end)
             return
-        if len(self._pending) + len(pcm16) > self._max_pending:
-            self._error = SpeechError("transcription fell too far behind the audio")
+        self._total += len(pcm16)
+        if self._total > self._max_bytes:
+            self._error = SpeechError(f"the question's audio is over {self._max_bytes} bytes")
         else:
             self._pending.extend(pcm16)
         self.fed = samples_end
