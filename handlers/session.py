@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -332,7 +333,8 @@ class Session:
             elif isinstance(decision, SpokenQuestion):
                 await self.interrupt()
                 listening, self._listening = self._listening, None
-                await self._start_turn(self.core.plan_spoken_query(decision), time.perf_counter(), listening)
+                plan = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
+                await self._start_turn(plan, time.perf_counter(), listening)
         await self._listen()  # speech that started in this chunk
 
     async def _listen(self) -> None:
@@ -358,14 +360,17 @@ class Session:
         listening = None
         if self.core.detector is None:  # the query takes the buffered audio, and its transcription
             listening, self._listening = self._listening, None
+        await self._start_turn(await self._plan(partial(self.core.plan_query, event), listening), received, listening)
+
+    async def _plan(self, make_plan: Callable[[], QueryPlan], listening: Listening | None) -> QueryPlan:
+        """``make_plan()``; when it raises, the question's transcription is stopped first."""
         try:
-            plan = self.core.plan_query(event)
+            return make_plan()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if listening is not None:
                     await listening.cancel()
             raise
-        await self._start_turn(plan, received, listening)
 
     async def _start_turn(self, plan: QueryPlan, received: float, listening: Listening | None = None) -> None:
         """Wait for the plan's frames, stop warmup, then start the answer task."""
@@ -471,7 +476,7 @@ class Session:
             listening = turn.listening = Listening(self.voice.transcriber.open_stream(), 0, len(plan.audio.pcm16) + 2)
             await self._tg.start(listening.run)
         seen = (listening.fed - listening.start) * 2
-        listening.add(plan.audio.pcm16[seen:], listening.start + len(plan.audio.pcm16) // 2)
+        listening.add(plan.audio.pcm16[seen:], listening.start + len(plan.audio.pcm16) // 2, bounded=False)
         try:
             transcript = await listening.finish()
         except SpeechError as exc:

@@ -249,12 +249,13 @@ class Listening:
                 await self._stream.aclose()
             self._done.set()
 
-    def add(self, pcm16: bytes, samples_end: int) -> None:
-        """Hand over audio that runs up to stream sample ``samples_end``."""
+    def add(self, pcm16: bytes, samples_end: int, *, bounded: bool = True) -> None:
+        """Hand over audio that runs up to stream sample ``samples_end``. ``bounded=False``:
+        the question's own audio (``audio_data``, bounded by the message size) does not count."""
         if self._finishing or self._error is not None or not pcm16:
             self.fed = max(self.fed, samples_end)
             return
-        self._total += len(pcm16)
+        self._total += len(pcm16) if bounded else 0
         if self._total > self._max_bytes:
             self._error = SpeechError(f"the question's audio is over {self._max_bytes} bytes")
         else:

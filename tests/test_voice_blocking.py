@@ -145,3 +145,25 @@ async def test_a_listening_stream_gives_its_decoder_to_an_asked_question() -> No
     finally:
         await listener.aclose()
         await asker.aclose()
+
+
+async def test_a_question_that_cannot_start_releases_its_transcription(server: RunningServer) -> None:
+    """Audio streamed before a query that gets no_frames does not keep the transcriber: the
+    next spoken question, in this session or another, is transcribed."""
+    clip = speak_clip("is the door open", lead_ms=300, tail_ms=300, noise=30, seed=3).pcm16
+    client, _ = await connect(server, sampling={"max_tokens": 2})
+    other, _ = await connect(server, sampling={"max_tokens": 2})
+    try:
+        for at in range(0, len(clip), 3200):
+            await client.send(type="audio.chunk", data=b64(clip[at : at + 3200]))
+        await client.send(type="video.query", text="")
+        assert (await client.recv_type("error"))["code"] == "no_frames"
+        for c in (other, client):
+            await c.frame(1)
+            await c.send(type="video.query", text="", audio_data=b64(clip))
+            heard = await c.recv_type("input_audio.transcript", timeout=60)
+            assert heard["transcript"] and heard["audio_ms"] > 1000, heard
+            assert (await c.recv_type("response.done", timeout=60))["status"] == "completed"
+    finally:
+        await client.ws.close()
+        await other.ws.close()
