@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import math
+import re
 import time
 import wave
 from collections import OrderedDict
@@ -334,7 +335,7 @@ class OpenAIEngine(Engine):
             parts: list[dict[str, Any]] = []
             for seg in turn.segments:
                 if isinstance(seg, TextSegment):
-                    parts.append({"type": "text", "text": seg.text})
+                    parts.append({"type": "text", "text": plain_text(seg.text)})
                 elif isinstance(seg, ImageSegment):
                     url = await self._data_url(seg)
                     parts.append({"type": "image_url", "image_url": {"url": url}, "uuid": seg.key})
@@ -460,3 +461,14 @@ def _error_text(body: bytes | dict[str, Any] | str) -> str:
         message = inner.get("message") if isinstance(inner, dict) else inner
         return str(message or body)[:300]
     return str(body)[:300]
+
+
+# What opens a special token's text in the chat formats seen (``<|im_end|>``, ``<|eot_id|>``,
+# ``<image>``, ``</s>``, ``<end_of_utterance>``): a remote server's tokenizer is not known here.
+_MARKUP_START = re.compile(r"<(?=[|/A-Za-z_])")
+
+
+def plain_text(text: str) -> str:
+    """User text for a remote server: every ``<`` that could open a special token is followed
+    by a zero-width space, so the server's tokenizer reads no special token in it."""
+    return _MARKUP_START.sub("<\u200b", text)
