@@ -130,6 +130,7 @@ class PocketsphinxStream(TranscriptStream):
             if not pooled.ours:
                 if pooled.in_utterance:  # a cancelled stream's utterance: end it first
                     _end_quietly(decoder)
+                decoder.set_cmn(pooled.cmn)  # as the last completed utterance left it
                 decoder.start_utt()
                 pooled.in_utterance = pooled.ours = True
             step = STEP_SAMPLES * 2
@@ -153,6 +154,7 @@ class PocketsphinxStream(TranscriptStream):
         try:
             pooled.decoder.end_utt()
             pooled.in_utterance = False
+            pooled.cmn = pooled.decoder.get_cmn(False)
             hyp = pooled.decoder.hyp()
         except RuntimeError as exc:
             raise SpeechError(f"PocketSphinx failed: {exc}") from exc
@@ -171,6 +173,10 @@ class _Decoder:
         self.decoder = decoder
         self.in_utterance = False
         self.ours = False
+        # Live feature normalisation carries its estimate from one utterance to the next; an
+        # utterance that was cut short (cancelled, or handed over) must not skew the next, so
+        # each starts from the estimate of the last one that completed.
+        self.cmn = decoder.get_cmn(False)
 
 
 def _even(data: bytes) -> tuple[bytes, bytes]:
