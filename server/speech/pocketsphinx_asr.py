@@ -35,6 +35,9 @@ NOISE_FLOOR = 30.0
 STEP_SAMPLES = 160
 #: Under this much audio (0.1 s) there is nothing to recognise.
 MIN_SAMPLES = 1600
+#: Loudness (RMS, PCM16 steps; about -40 dBFS) under which an utterance is taken for silence
+#: or noise: its feature statistics are not carried to the next utterance.
+SPEECH_RMS = 300.0
 
 
 class PocketsphinxTranscriber(Transcriber):
@@ -87,12 +90,14 @@ class PocketsphinxStream(TranscriptStream):
         self._decoder: _Decoder | None = None
         self._audio = bytearray()  # every whole sample fed
         self._done = 0  # bytes of it recognised on the decoder held now
+        self._energy = 0.0  # sum of squared samples recognised on it
         self._odd = b""
         self._rng = np.random.default_rng(0)
 
     def _hold(self) -> None:
         self._decoder = self._pool.get_nowait()
         self._done = 0
+        self._energy = 0.0
 
     def _release(self) -> None:
         pooled, self._decoder = self._decoder, None
@@ -123,6 +128,7 @@ class PocketsphinxStream(TranscriptStream):
     def _feed_sync(self, pooled: _Decoder, pcm16: bytes) -> None:
         """Blocking: recognise ``pcm16`` step by step; stops between steps when cancelled."""
         samples = np.frombuffer(pcm16, "<i2").astype(np.float32)
+        self._energy += float(np.dot(samples, samples))
         samples += self._rng.normal(0.0, NOISE_FLOOR, len(samples)).astype(np.float32)
         audio = np.clip(samples, -32768, 32767).astype("<i2").tobytes()
         decoder = pooled.decoder
@@ -154,7 +160,8 @@ class PocketsphinxStream(TranscriptStream):
         try:
             pooled.decoder.end_utt()
             pooled.in_utterance = False
-            pooled.cmn = pooled.decoder.get_cmn(False)
+            if self._energy / max(1, self._done // 2) > SPEECH_RMS**2:
+                pooled.cmn = pooled.decoder.get_cmn(False)
             hyp = pooled.decoder.hyp()
         except RuntimeError as exc:
             raise SpeechError(f"PocketSphinx failed: {exc}") from exc
@@ -174,8 +181,8 @@ class _Decoder:
         self.in_utterance = False
         self.ours = False
         # Live feature normalisation carries its estimate from one utterance to the next; an
-        # utterance that was cut short (cancelled, or handed over) must not skew the next, so
-        # each starts from the estimate of the last one that completed.
+        # utterance that was cut short (cancelled, or handed over) or held no speech must not
+        # skew the next, so each starts from the estimate of the last completed spoken one.
         self.cmn = decoder.get_cmn(False)
 
 
