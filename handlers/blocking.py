@@ -33,3 +33,12 @@ async def run_blocking(
             _limiter = anyio.CapacityLimiter(_threads)
         limiter = _limiter
     return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)
+
+
+def cancel_point() -> None:
+    """Inside a job started by ``run_blocking``: raise the caller's cancellation if it was
+    cancelled, so long jobs stop between small steps. Outside such a job: nothing."""
+    try:
+        anyio.from_thread.check_cancelled()
+    except RuntimeError:
+        pass  # not in a worker thread (a direct call, e.g. from a benchmark)

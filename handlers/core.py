@@ -344,6 +344,23 @@ class SessionCore:
             self._drop_audio_before(self.detector.position - padding)
         return out
 
+    def listen_start(self) -> int | None:
+        """Where the audio of the question being spoken now begins (a stream sample), or None
+        when no question audio is building up: with turn detection, from the padding before the
+        speech that has started; without it, the whole buffer (the next query takes it)."""
+        if not (self.voice.transcribes and self.config.use_audio_in_video):
+            return None
+        if self.detector is None:
+            return self.audio_origin if self.audio else None
+        if self.detector.speech_start is None or self.config.turn_detection is None:
+            return None
+        padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
+        return max(0, self.detector.speech_start - padding)  # fixed for the whole speech
+
+    def audio_since(self, sample: int) -> bytes:
+        """The buffered audio from stream sample ``sample`` to the newest."""
+        return self._audio_between(sample, self.audio_total)
+
     def _audio_between(self, start: int, end: int) -> bytes:
         lo = max(0, start - self.audio_origin) * 2
         hi = max(0, end - self.audio_origin) * 2

@@ -25,6 +25,8 @@ from PIL import Image, ImageOps
 
 #: Largest image accepted, in pixels (width x height), checked before decoding.
 DEFAULT_MAX_PIXELS = 40_000_000
+#: Most elongated image accepted (long side / short side), checked from the header.
+MAX_ASPECT = 100
 
 _PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -77,6 +79,10 @@ def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Iterator
             raise ValueError("image has zero size")
         if width * height > max_pixels:
             raise ValueError(f"image too large: {width}x{height} pixels, limit {max_pixels}")
+        if max(width, height) > MAX_ASPECT * min(width, height):
+            # Image processors refuse such shapes (Qwen2-VL's over 200): an accepted frame
+            # would make every later answer over it fail.
+            raise ValueError(f"image aspect ratio {width}x{height} is over {MAX_ASPECT}:1")
         try:
             yield img
         except _DECODE_ERRORS as exc:

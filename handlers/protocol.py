@@ -24,7 +24,10 @@ Server -> client:
     input_audio.transcript                                    (a spoken question as text)
 
 Incoming messages are parsed once, here, by ``parse_client_event``; outgoing events are
-built as models and serialised by ``encode``.
+built as models and serialised by ``encode``. Parsing is strict: JSON as the standard has it
+(no ``NaN``/``Infinity``), no string holding a lone surrogate (it is not Unicode and could not
+be sent back), fields of exactly their type (``"4"``, ``true`` and ``4.0`` are not integers;
+an integer is a valid float), finite numbers, and sampling values every engine accepts.
 """
 
 from __future__ import annotations
@@ -44,24 +47,38 @@ from pydantic import (
 
 from handlers.errors import ErrorCode, SessionError
 
-FrameId = str | int
+#: A frame id: a short string or a 64-bit integer (it is echoed in acks and errors).
+FrameId = Annotated[str, Field(max_length=256)] | Annotated[int, Field(ge=-(2**63), lt=2**63)]
+#: The smallest non-zero temperature: below it, logits / temperature overflows (vLLM clamps
+#: to the same value; the embedded engine's softmax would give NaN).
+MIN_TEMPERATURE = 0.01
+#: Seeds are 63-bit: every engine's generator takes them (a torch seed over 2^64 fails).
+MAX_SEED = 2**63 - 1
+_STRICT = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
 
 # --------------------------------------------------------------------------- client events
 
 
 class _ClientEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _STRICT
 
 
 class SamplingConfig(BaseModel):
-    """Sampling for the text stage. ``temperature`` 0 is greedy."""
+    """Sampling for the text stage. ``temperature`` 0 is greedy, else at least 0.01."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _STRICT
 
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(128, ge=1, le=4096)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+
+    @field_validator("temperature")
+    @classmethod
+    def _not_tiny(cls, value: float) -> float:
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
 
 
 class TurnDetection(BaseModel):
@@ -72,7 +89,7 @@ class TurnDetection(BaseModel):
     start. ``silence_duration_ms`` is accepted for ``silence_ms`` (OpenAI's name).
     """
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _STRICT
 
     type: Literal["server_vad"] = "server_vad"
     threshold: float = Field(0.5, ge=0.05, le=0.95)
@@ -98,7 +115,7 @@ _ALIASES = {
 class SessionConfig(_ClientEvent):
     """``session.config``: the first message of every session."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, allow_inf_nan=False)
 
     type: Literal["session.config"] = "session.config"
     model: str | None = None
@@ -156,7 +173,7 @@ class VideoFrame(_ClientEvent):
     pts_ms: float | None = None
     source_pts_ms: float | None = None
     capture_ts_ms: float | None = None
-    quality_profile: str | None = None
+    quality_profile: str | None = Field(None, max_length=64)
 
 
 class AudioChunkIn(_ClientEvent):
@@ -192,15 +209,18 @@ CLIENT_TYPES = frozenset(
 )
 
 
-def parse_client_event(raw: str | bytes) -> ClientEvent:
+def parse_client_event(raw: str | bytes, *, configured: bool = False) -> ClientEvent:
     """Parse one WebSocket message into a client event.
 
-    Raises ``SessionError`` with ``invalid_json``, ``invalid_message`` or ``unknown_type``.
+    ``configured``: the session already has its config, so a bad ``session.config`` is an
+    ``invalid_message`` (the session goes on), not an ``invalid_config`` (which closes it).
+    Raises ``SessionError`` with ``invalid_json``, ``invalid_message``, ``invalid_config`` or
+    ``unknown_type``.
     """
     if isinstance(raw, bytes):
         raise SessionError(ErrorCode.INVALID_MESSAGE, "binary messages are not supported; send JSON text")
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         raise SessionError(ErrorCode.INVALID_JSON, "message is not valid JSON") from None
     if not isinstance(obj, dict):
@@ -208,13 +228,38 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
     kind = obj.get("type")
     if not isinstance(kind, str):
         raise SessionError(ErrorCode.INVALID_MESSAGE, 'message has no string "type"')
+    bad_code = ErrorCode.INVALID_CONFIG if kind == "session.config" and not configured else ErrorCode.INVALID_MESSAGE
+    if not _is_unicode(obj):
+        raise SessionError(bad_code, "a string in the message holds a lone surrogate (\\ud800-\\udfff): not Unicode text")
     if kind not in CLIENT_TYPES:
         raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:64]!r}")
     try:
         return _client_event.validate_python(obj)
     except ValidationError as exc:
-        code = ErrorCode.INVALID_CONFIG if kind == "session.config" else ErrorCode.INVALID_MESSAGE
-        raise SessionError(code, f"{kind}: {describe_validation_error(exc)}") from None
+        raise SessionError(bad_code, f"{kind}: {describe_validation_error(exc)}") from None
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_unicode(obj: object) -> bool:
+    """True when every string (keys too) in a parsed JSON value is valid Unicode text."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
 
 
 def describe_validation_error(exc: ValidationError) -> str:

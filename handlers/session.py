@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -66,7 +67,7 @@ from handlers.protocol import (
     parse_client_event,
 )
 from handlers.similarity import thumbnail
-from handlers.speech import NativeAudioTrim, SpokenAnswer
+from handlers.speech import Listening, NativeAudioTrim, SpokenAnswer
 from handlers.transport import Disconnected, Transport
 from handlers.turn_detection import SpeechStarted, SpeechStopped
 from server.engines.base import AudioChunk, Capabilities, Engine, EngineError, Finished, TextDelta
@@ -92,6 +93,7 @@ class Turn:
     done: anyio.Event
     received: float  # perf_counter when the query was read (or speech stopped): timings count from here
     first_audio_ms: float | None = None
+    listening: Listening | None = None  # the question's audio, transcribed as it was spoken
 
 
 def _prepare_frame(data: str, frame_id: str | int | None) -> tuple[bytes, str, object]:
@@ -131,6 +133,7 @@ class Session:
         self.voice = voice or Voice()
         self.core = SessionCore(self.id, limits, engine.capabilities, voice_paths(engine.capabilities, voice))
         self._vad_stream: VadStream | None = None
+        self._listening: Listening | None = None
         self.config_timeout_s = config_timeout_s
         self.turn: Turn | None = None
         self._send_lock = anyio.Lock()
@@ -218,7 +221,7 @@ class Session:
             while True:
                 raw = await self._receive_or_idle()
                 try:
-                    event = parse_client_event(raw)
+                    event = parse_client_event(raw, configured=True)
                 except SessionError as exc:
                     await self.report(exc)
                     continue
@@ -308,8 +311,12 @@ class Session:
 
     # ------------------------------------------------------------------ microphone
     async def _on_audio(self, event: AudioChunkIn) -> None:
-        """Buffer microphone audio; with turn detection, act on speech starting and stopping."""
-        pcm = self.core.add_audio(event.data)
+        """Buffer microphone audio; with turn detection, act on speech starting and stopping.
+        Audio a question will take is transcribed as it arrives (``_listen``)."""
+        try:
+            pcm = self.core.add_audio(event.data)
+        finally:
+            await self._listen()
         if self._vad_stream is None or self.voice.vad is None:
             return
         try:
@@ -325,22 +332,58 @@ class Session:
                 await self.send(InputAudioSpeechStopped(audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms))
             elif isinstance(decision, SpokenQuestion):
                 await self.interrupt()
-                await self._start_turn(self.core.plan_spoken_query(decision), time.perf_counter())
+                listening, self._listening = self._listening, None
+                plan = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
+                await self._start_turn(plan, time.perf_counter(), listening)
+        await self._listen()  # speech that started in this chunk
+
+    async def _listen(self) -> None:
+        """Hand the audio a question will take to a running transcription (started when such
+        audio begins; stopped when it was dropped or the question went elsewhere)."""
+        start = self.core.listen_start()
+        listening = self._listening
+        if listening is not None and listening.start != start:
+            self._listening = None
+            await listening.cancel()
+            listening = None
+        if start is None or self.voice.transcriber is None:
+            return
+        if listening is None:
+            listening = Listening(self.voice.transcriber.open_stream(), start, self.core.limits.max_audio_bytes)
+            await self._tg.start(listening.run)
+            self._listening = listening
+        listening.add(self.core.audio_since(listening.fed), self.core.audio_total)
 
     # ------------------------------------------------------------------ answers
     async def _on_query(self, event: VideoQuery, received: float) -> None:
         await self.interrupt()  # a turn may have started between reader and processor
-        await self._start_turn(self.core.plan_query(event), received)
+        listening = None
+        if self.core.detector is None:  # the query takes the buffered audio, and its transcription
+            listening, self._listening = self._listening, None
+        await self._start_turn(await self._plan(partial(self.core.plan_query, event), listening), received, listening)
 
-    async def _start_turn(self, plan: QueryPlan, received: float) -> None:
+    async def _plan(self, make_plan: Callable[[], QueryPlan], listening: Listening | None) -> QueryPlan:
+        """``make_plan()``; when it raises, the question's transcription is stopped first."""
+        try:
+            return make_plan()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    await listening.cancel()
+            raise
+
+    async def _start_turn(self, plan: QueryPlan, received: float, listening: Listening | None = None) -> None:
         """Wait for the plan's frames, stop warmup, then start the answer task."""
         # The turn exists from here on, so the warm loop starts no new prefill.
-        turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event(), received)
+        turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event(), received, listening=listening)
         try:
             await self._frames_ready(plan.frames)
             self.core.settle_frames(plan)
             await self._stop_warmup()
         except BaseException:
+            with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    await listening.cancel()
             self.core.finish(plan, None)
             self.turn = None
             turn.done.set()
@@ -365,7 +408,7 @@ class Session:
             await self.send(ResponseStart(request_id=plan.request_id))
             with turn.scope:
                 if self.core.needs_transcription(plan):
-                    await self._transcribe(plan)
+                    await self._transcribe(turn)
                 spoken = await self._start_speech(turn)
                 trim = NativeAudioTrim(self.voice.native_trim_ms)
                 wants_audio = "audio" in self.core.config.modalities
@@ -413,6 +456,8 @@ class Session:
             with anyio.CancelScope(shield=True):
                 if spoken is not None:
                     await spoken.cancel()  # nothing of this answer is spoken after its response.done
+                if turn.listening is not None:
+                    await turn.listening.cancel()  # an interrupted transcription stops at once
                 self.core.finish(plan, "".join(text) if status != "failed" else None, interrupted=status == "interrupted")
                 await self._finish_answer(plan, status, reason, usage, ttft, turn.first_audio_ms, started, "".join(text))
                 self.turn = None
@@ -420,12 +465,20 @@ class Session:
                 if self.core.warm_prefix:
                     self._warm_wanted.set()
 
-    async def _transcribe(self, plan: QueryPlan) -> None:
+    async def _transcribe(self, turn: Turn) -> None:
         """Turn the plan's audio into its question; sends ``input_audio.transcript``.
-        Raises ``transcription_failed``."""
+        The transcription that ran while the question was spoken is finished with the audio
+        it has not seen (``audio_data``, or all of it). Raises ``transcription_failed``."""
+        plan = turn.plan
         assert plan.audio is not None and self.voice.transcriber is not None
+        listening = turn.listening
+        if listening is None:
+            listening = turn.listening = Listening(self.voice.transcriber.open_stream(), 0, len(plan.audio.pcm16) + 2)
+            await self._tg.start(listening.run)
+        seen = (listening.fed - listening.start) * 2
+        listening.add(plan.audio.pcm16[seen:], listening.start + len(plan.audio.pcm16) // 2, bounded=False)
         try:
-            transcript = await self.voice.transcriber.transcribe(plan.audio.pcm16)
+            transcript = await listening.finish()
         except SpeechError as exc:
             log.warning("transcription failed for %s: %s", plan.request_id, exc)
             raise SessionError(ErrorCode.TRANSCRIPTION_FAILED, "the spoken question could not be transcribed") from None

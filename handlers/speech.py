@@ -6,7 +6,9 @@ session's task group synthesizes each sentence off the event loop and sends it a
 delta, while generation goes on. Sentences wait in a bounded queue; cancelling the answer
 cancels the speaker and waits for it, so no audio of an answer follows its ``response.done``.
 ``NativeAudioTrim`` (pure) cuts a codec's start-up artefact from an engine's own audio,
-once per answer.
+once per answer. ``Listening`` transcribes a question while it is spoken: the adapter hands
+it audio as it arrives, a task in the session's task group feeds the transcriber, and the
+words are ready about when the speech stops.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from handlers.errors import ErrorCode, SessionError
 from handlers.transport import Disconnected
-from server.speech.base import SpeechError, Synthesizer
+from server.speech.base import SpeechError, Synthesizer, TranscriptStream
 from server.speech.wav import OUTPUT_RATE, encode_wav, silence, trim_leading
 
 log = logging.getLogger("livesight.speech")
@@ -199,3 +201,80 @@ class SpokenAnswer:
             await self._send.send((sentence, time.perf_counter()))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the speaker stopped (speech failed, or it was cancelled): text only from here
+
+
+class Listening:
+    """One question's audio on its way into the transcriber, from stream sample ``start``.
+
+    Start ``run`` in the session's task group with ``tg.start``; hand it audio with ``add``
+    (never waits); end with ``finish`` (the words) or ``cancel`` (stops at once). The audio of
+    one question is bounded by ``max_bytes``: past it the transcription fails (``finish``
+    raises); neither it nor what waits to be recognised grows without bound.
+    """
+
+    def __init__(self, stream: TranscriptStream, start: int, max_bytes: int) -> None:
+        self.start = start
+        self.fed = start  # stream sample up to which audio was handed over
+        self._stream = stream
+        self._max_bytes = max_bytes
+        self._total = 0
+        self._pending = bytearray()
+        self._wanted = anyio.Event()
+        self._finishing = False
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+        self._error: SpeechError | None = None
+        self._transcript: str | None = None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Feed the transcriber until ``finish`` or ``cancel``; always gives the stream back."""
+        try:
+            with self._scope:
+                task_status.started()
+                while True:
+                    await self._wanted.wait()
+                    self._wanted = anyio.Event()
+                    while self._pending:
+                        audio, self._pending = bytes(self._pending), bytearray()
+                        await self._stream.feed(audio)
+                    if self._error is not None:
+                        return
+                    if self._finishing:
+                        self._transcript = await self._stream.finish()
+                        return
+        except SpeechError as exc:
+            self._error = exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()
+            self._done.set()
+
+    def add(self, pcm16: bytes, samples_end: int, *, bounded: bool = True) -> None:
+        """Hand over audio that runs up to stream sample ``samples_end``. ``bounded=False``:
+        the question's own audio (``audio_data``, bounded by the message size) does not count."""
+        if self._finishing or self._error is not None or not pcm16:
+            self.fed = max(self.fed, samples_end)
+            return
+        self._total += len(pcm16) if bounded else 0
+        if self._total > self._max_bytes:
+            self._error = SpeechError(f"the question's audio is over {self._max_bytes} bytes")
+        else:
+            self._pending.extend(pcm16)
+        self.fed = samples_end
+        self._wanted.set()
+
+    async def finish(self) -> str:
+        """The words of everything handed over. Raises ``SpeechError``."""
+        self._finishing = True
+        self._wanted.set()
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        if self._transcript is None:
+            raise SpeechError("the transcription was stopped")
+        return self._transcript
+
+    async def cancel(self) -> None:
+        """Stop now and wait until the transcriber is released (idempotent)."""
+        self._scope.cancel()
+        await self._done.wait()

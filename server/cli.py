@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     p_engine.add_argument("--fps", type=float, default=2.0, help="frames streamed per second")
     p_engine.add_argument("--modes", default="before,after", help="before (every image's data), after (uuid refs)")
     p_engine.add_argument("--max-warmups-per-s", type=float, default=2.0)
+    p_fuzz = bench_sub.add_parser("fuzz", help="hostile messages through the real server, each answer checked")
+    p_fuzz.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_fuzz.add_argument("--messages", type=int, default=10_000, help="hostile messages sent")
+    p_fuzz.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: a fixed sequence)")
 
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
@@ -168,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
             counts = [int(n) for n in args.frames.split(",")]
             print(run_engine(counts, args.fps, args.modes.split(","), args.max_warmups_per_s))
+        elif args.bench == "fuzz":
+            from server.bench_fuzz import run_fuzz
+
+            print(run_fuzz(args.model, args.messages, args.seed))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 

@@ -235,6 +235,7 @@ async def test_server_vad_answers_when_speech_stops_and_barge_in_interrupts() ->
         await t.get_type("input_audio.speech_stopped")
         second = await t.get_type("response.start")
         assert second["request_id"] != first["request_id"]
+        await t.get_type("response.text.delta")  # the second answer reached the engine
         await t.put(type="response.cancel")
         await t.until("response.done")
 

@@ -38,6 +38,7 @@ import io
 import json
 import logging
 import math
+import re
 import time
 import wave
 from collections import OrderedDict
@@ -472,7 +473,7 @@ class OpenAIEngine(Engine):
             parts: list[dict[str, Any]] = []
             for seg in turn.segments:
                 if isinstance(seg, TextSegment):
-                    parts.append({"type": "text", "text": seg.text})
+                    parts.append({"type": "text", "text": plain_text(seg.text)})
                 elif isinstance(seg, ImageSegment):
                     if holder is not None and holder.holds(seg.key):
                         parts.append({"type": "image_url", "image_url": None, "uuid": seg.key})
@@ -603,3 +604,14 @@ def _error_text(body: bytes | dict[str, Any] | str) -> str:
         message = inner.get("message") if isinstance(inner, dict) else inner
         return str(message or body)[:300]
     return str(body)[:300]
+
+
+# What opens a special token's text in the chat formats seen (``<|im_end|>``, ``<|eot_id|>``,
+# ``<image>``, ``</s>``, ``<end_of_utterance>``): a remote server's tokenizer is not known here.
+_MARKUP_START = re.compile(r"<(?=[|/A-Za-z_])")
+
+
+def plain_text(text: str) -> str:
+    """User text for a remote server: every ``<`` that could open a special token is followed
+    by a zero-width space, so the server's tokenizer reads no special token in it."""
+    return _MARKUP_START.sub("<\u200b", text)

@@ -6,6 +6,14 @@ model's processor. Because pieces are tokenized independently, a prompt that ext
 another (more frames, then a question) yields a token sequence that extends the other's:
 that is what lets a KV cache be reused.
 
+User text never becomes a control token. Every ``TextSegment`` (system prompt, questions,
+transcripts, answers in the history, timestamps) reaches the template as a placeholder, so
+the template's own markers are the only markup in the rendered text, and goes in with every
+special token's text broken by a zero-width space (``escape_special``): ``<|im_end|>`` or
+``<|image_pad|>`` typed by a user is plain characters to the tokenizer, and the prompt's
+image placeholders are exactly the template's. (Escaping rather than tokenizing user text
+alone keeps the tokens of ordinary text identical to a whole-prompt tokenization.)
+
 Positions are computed here too. Plain decoders use 0..n-1. The Qwen2-VL family uses
 multimodal rotary positions (three rows: time, height, width): text advances all three
 rows together; an image's tokens take their grid coordinates offset by the position at
@@ -18,12 +26,23 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import re
+
 import torch
 
 from server.engines.base import AudioSegment, ImageSegment, Prompt, TextSegment
 
 V = TypeVar("V")
 _CUT = "\u0000livesight-cut\u0000"
+_TEXT = re.compile("\u0000livesight-text-([0-9]+)\u0000")
+_BREAK = "\u200b"  # zero width space: splits a special token's text without a visible change
+
+
+@dataclass(frozen=True, slots=True)
+class UserText:
+    """A run of the rendered prompt that came from a ``TextSegment``: never markup."""
+
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,20 +72,50 @@ FAMILIES = {
 }
 
 
-def render_chat(template_owner: Any, prompt: Prompt) -> tuple[str, list[ImageSegment]]:
+def special_tokens(tokenizer: Any) -> list[str]:
+    """The text of every special token of ``tokenizer`` (named and added ones), longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            found.add(str(token.content))
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def escape_special(text: str, specials: list[str]) -> str:
+    """``text`` with every occurrence of a special token's text broken after its first
+    character by a zero-width space, so no tokenizer reads it as that token."""
+    for token in specials:
+        if token in text:  # a one-character token cannot be broken: it is replaced
+            text = text.replace(token, token[0] + _BREAK + token[1:] if len(token) > 1 else "\ufffd")
+    return text
+
+
+def render_chat(template_owner: Any, prompt: Prompt, specials: list[str] | None = None) -> tuple[str, list[ImageSegment]]:
     """Render ``prompt`` with ``template_owner.apply_chat_template`` (a processor or tokenizer).
 
     Returns the text, with the model's own image placeholders, and the prompt's images in
-    order. An open turn is cut right after its last segment, with no end of turn and no
-    generation prompt, so its text is a prefix of any prompt that continues it. Audio
-    segments are left out (no engine here takes audio input yet).
+    order; user text is escaped with ``escape_special`` (``specials``: default, the
+    tokenizer's special tokens). An open turn is cut right after its last segment, with no
+    end of turn and no generation prompt, so its text is a prefix of any prompt that
+    continues it. Audio segments are left out (no engine here takes audio input yet).
     """
-    messages, images = [], []
+    if specials is None:
+        specials = special_tokens(getattr(template_owner, "tokenizer", template_owner))
+    runs, images = render_runs(template_owner, prompt)
+    text = "".join(escape_special(r.text, specials) if isinstance(r, UserText) else r for r in runs)
+    return text, images
+
+
+def render_runs(template_owner: Any, prompt: Prompt) -> tuple[list[str | UserText], list[ImageSegment]]:
+    """Render ``prompt`` as runs of template markup (``str``, with the image placeholders)
+    and ``UserText``, and the prompt's images in order. See ``render_chat``."""
+    messages, images, texts = [], [], []
     for index, turn in enumerate(prompt.turns):
         parts: list[dict[str, str]] = []
         for seg in turn.segments:
             if isinstance(seg, TextSegment):
-                parts.append({"type": "text", "text": seg.text})
+                parts.append({"type": "text", "text": f"\u0000livesight-text-{len(texts)}\u0000"})
+                texts.append(seg.text)
             elif isinstance(seg, ImageSegment):
                 parts.append({"type": "image"})
                 images.append(seg)
@@ -78,7 +127,14 @@ def render_chat(template_owner: Any, prompt: Prompt) -> tuple[str, list[ImageSeg
     text = template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=not prompt.open_turn)
     if prompt.open_turn:
         text = text[: text.index(_CUT)]
-    return text, images
+    runs: list[str | UserText] = []
+    for i, part in enumerate(_TEXT.split(text)):
+        if i % 2:
+            if texts[int(part)]:
+                runs.append(UserText(texts[int(part)]))
+        elif part:
+            runs.append(part)
+    return runs, images
 
 
 class PromptEncoder:
@@ -87,6 +143,7 @@ class PromptEncoder:
     def __init__(self, processor: Any, family: str, max_cached_images: int = 128) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
+        self.specials = special_tokens(self.tokenizer)
         self.family = FAMILIES[family]
         self.merge = int(getattr(processor.image_processor, "merge_size", 1) or 1)
         # An image's token layout is small and needed by every query over it; its pixel
@@ -98,7 +155,7 @@ class PromptEncoder:
     # ------------------------------------------------------------------ rendering
     def render(self, prompt: Prompt) -> list[str | ImageSegment]:
         """Return the prompt as text runs and images, in order."""
-        text, images = render_chat(self.processor, prompt)
+        text, images = render_chat(self.processor, prompt, self.specials)
         chunks = text.split(self.family.placeholder)
         if len(chunks) != len(images) + 1:
             raise ValueError("the chat template did not render one placeholder per image")

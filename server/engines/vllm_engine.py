@@ -48,7 +48,7 @@ from server.engines.base import (
     TextDelta,
     Usage,
 )
-from server.engines.prompt_encoding import render_chat
+from server.engines.prompt_encoding import render_chat, special_tokens
 from server.engines.warm_cadence import WarmCadence
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class VllmEngine(Engine):
         self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True)
         self._llm: AsyncLLM | None = None
         self._template: Any = None  # the processor (or tokenizer) owning the chat template
+        self._specials: list[str] = []
         self._warm_ids = itertools.count(1)
         self._live: dict[str, set[str]] = {}  # session id -> engine request ids still running
         self._held: OrderedDict[str, None] = OrderedDict()  # images vLLM was handed, by content key
@@ -116,6 +117,7 @@ class VllmEngine(Engine):
         except (OSError, ValueError, RuntimeError, TypeError, KeyError, ImportError) as exc:
             raise EngineError(f"vLLM could not start {self.model_path!r}: {exc}") from exc
         self._template = processor
+        self._specials = special_tokens(getattr(processor, "tokenizer", processor))  # escaped in user text
         side = model_image_side(processor.image_processor, self._max_image_side)
         self.capabilities = Capabilities(name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side)
         log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
@@ -291,7 +293,7 @@ class VllmEngine(Engine):
         the keys of the images handed over with their data; with ``refer``, images vLLM holds
         go as ``None``."""
         try:
-            text, images = render_chat(self._template, prompt)
+            text, images = render_chat(self._template, prompt, self._specials)
         except (ValueError, KeyError, TypeError) as exc:  # a template that rejects the conversation
             raise EngineError(f"cannot render the prompt: {exc}") from exc
         inputs: dict[str, Any] = {"prompt": text}

@@ -2,7 +2,8 @@
 voice activity detection when the engine cannot speak or listen by itself.
 
 - ``Synthesizer``: text -> 24 kHz mono PCM16 (one sentence at a time).
-- ``Transcriber``: 16 kHz mono PCM16 -> text.
+- ``Transcriber``: 16 kHz mono PCM16 -> text, at once or through a ``TranscriptStream`` fed
+  while the user speaks (so the words are ready about when the speech stops).
 - ``VoiceActivityModel``: 16 kHz PCM16 -> one speech probability per fixed window, through a
   per-session ``VadStream`` that carries the model's recurrent state.
 
@@ -46,6 +47,42 @@ class Synthesizer(ABC):
         """
 
 
+class TranscriptStream(ABC):
+    """One utterance transcribed as its audio arrives. One call at a time; ``aclose`` always."""
+
+    @abstractmethod
+    async def feed(self, pcm16: bytes) -> None:
+        """Recognise more audio (16 kHz mono PCM16). Cancellable within one small step.
+        Raises ``SpeechError``."""
+
+    @abstractmethod
+    async def finish(self) -> str:
+        """End the utterance; returns its words (empty when none). Raises ``SpeechError``."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release what the stream holds (idempotent; safe after a cancelled ``feed``)."""
+
+
+class BufferedTranscript(TranscriptStream):
+    """A stream for a transcriber that only takes whole utterances: audio is kept until
+    ``finish`` sends it all at once."""
+
+    def __init__(self, transcriber: Transcriber) -> None:
+        self._transcriber = transcriber
+        self._audio = bytearray()
+
+    async def feed(self, pcm16: bytes) -> None:
+        self._audio.extend(pcm16)
+
+    async def finish(self) -> str:
+        audio, self._audio = bytes(self._audio), bytearray()
+        return await self._transcriber.transcribe(audio)
+
+    async def aclose(self) -> None:
+        self._audio = bytearray()
+
+
 class Transcriber(ABC):
     """Turns a spoken question into text."""
 
@@ -61,6 +98,10 @@ class Transcriber(ABC):
     @abstractmethod
     async def transcribe(self, pcm16: bytes) -> str:
         """Returns the words in ``pcm16`` (mono, 16 kHz); empty when none. Raises ``SpeechError``."""
+
+    def open_stream(self) -> TranscriptStream:
+        """A stream for one utterance (default: buffered, transcribed whole at ``finish``)."""
+        return BufferedTranscript(self)
 
 
 class VadStream(ABC):

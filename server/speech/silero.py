@@ -41,16 +41,20 @@ class SileroStream(VadStream):
         self._rate = np.array(16000, np.int64)
 
     def process(self, pcm16: bytes) -> list[float]:
+        # State moves only after a whole call: a cancelled call leaves the stream as it was.
         samples = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768.0
         pending = np.concatenate([self._pending, samples])
+        state, context = self._state, self._context
         probs = []
         start = 0
         while start + WINDOW <= len(pending):
-            window = np.concatenate([self._context, pending[start : start + WINDOW]])[None, :]
-            out, self._state = self._session.run(None, {"input": window, "state": self._state, "sr": self._rate})
-            self._context = window[0, -CONTEXT:]
+            blocking.cancel_point()  # a long chunk is judged window by window: a cancel waits one
+            window = np.concatenate([context, pending[start : start + WINDOW]])[None, :]
+            out, state = self._session.run(None, {"input": window, "state": state, "sr": self._rate})
+            context = window[0, -CONTEXT:]
             probs.append(float(out[0, 0]))
             start += WINDOW
+        self._state, self._context = state, context
         self._pending = pending[start:].copy()
         return probs
 

@@ -134,7 +134,8 @@ class App {
       modalities: $("speak").checked ? ["text", "audio"] : ["text"],
       sampling: {
         max_tokens: Math.round(Math.min(4096, Math.max(1, numberFrom($("max-tokens"), 128)))),
-        temperature: Math.min(2, Math.max(0, numberFrom($("temperature"), 0))),
+        // 0 (greedy) or 0.01-2: the server refuses a temperature between 0 and 0.01
+        temperature: ((t) => (t > 0 && t < 0.01 ? 0.01 : t))(Math.min(2, Math.max(0, numberFrom($("temperature"), 0)))),
       },
     };
     const threshold = Number.parseFloat($("filter-threshold").value);
