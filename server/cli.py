@@ -32,18 +32,11 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from server.app import create_app
+    from server.listener import uvicorn_config
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        ws_max_size=settings.max_message_bytes,
-        ws_ping_interval=20,
-        ws_ping_timeout=60,
-    )
+    uvicorn.Server(uvicorn_config(app, settings)).run()
 
 
 def _add_stream_flags(parser: argparse.ArgumentParser) -> None:
