@@ -118,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     p_intake.add_argument("--model", default=None)
     p_intake.add_argument("--frames", type=int, default=200)
 
+    p_load = bench_sub.add_parser("load", help="many sessions streaming real footage: ack latency, lost acks, CPU, RSS")
+    p_load.add_argument("--model", default=None)
+    p_load.add_argument("--sessions", type=int, default=100)
+    p_load.add_argument("--fps", type=float, default=2.0)
+    p_load.add_argument("--seconds", type=float, default=20.0, help="how long each session streams")
+    p_load.add_argument("--ask-every", type=float, default=10.0, help="seconds between a session's questions (0: none)")
+
     p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
     p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
     p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
@@ -143,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.bench == "ttft":
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
+        elif args.bench == "load":
+            from server.bench_load import run_load
+
+            print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 

@@ -26,7 +26,7 @@ from server.settings import Settings
 #: Close code for a client that does not read what it is sent (policy violation).
 SLOW_READER_CLOSE_CODE = 1008
 #: After the close frame is queued, how long the socket may try to deliver it before it is cut.
-CLOSE_GRACE_S = 2.0
+CLOSE_GRACE_S = 5.0
 
 
 class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -41,8 +41,16 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
         self.dropped = False
 
     def data_received(self, data: bytes) -> None:
+        if self.dropped:
+            return  # nothing more is read from (or answered to) a dropped client
         super().data_received(data)
         self._check_backlog()
+
+    async def receive(self) -> Any:
+        message = await super().receive()
+        if self.dropped and self.transport.is_reading():
+            self.transport.pause_reading()  # uvicorn resumes reading when its queue empties
+        return message
 
     async def send(self, message: Any) -> None:
         if message["type"] == "websocket.send":
@@ -77,8 +85,17 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.close_sent = True
             self.queue.put_nowait({"type": "websocket.disconnect", "code": SLOW_READER_CLOSE_CODE})
         self.writable.set()  # a send waiting for the client now fails at once
-        self.transport.close()  # delivers what is queued, if the client ever reads it ...
-        self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)  # ... but not for long
+        # Stop reading the peer and send FIN once what is queued (the close frame last) is
+        # delivered, if the client ever reads it; a plain close() now would reset the
+        # connection (unread pings) and discard the close frame. Cut it after a grace period
+        # either way (uvicorn's end-of-app close waits for this timer).
+        self.transport.pause_reading()
+        self.read_paused = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+        self.close_timer = self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
 
 
 def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None, log_level: str | None = None) -> uvicorn.Config:
