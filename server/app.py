@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -31,6 +32,8 @@ from server.settings import Settings
 from server.speech import create_voice
 
 log = logging.getLogger("livesight.server")
+#: How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
+GIL_SWITCH_INTERVAL_S = 0.0005
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 WS_PATH = "/v1/video/chat/stream"
 
@@ -103,6 +106,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             # ~250 ms each (measured with the tiny model) and ran during frame intake.
             gc.collect()
             gc.freeze()
+            # Each socket write on the event loop releases the GIL; taking it back waits for
+            # a decode or model thread to yield, by default up to 5 ms: that wait was most of
+            # the ack latency under load. 0.5 ms keeps the loop responsive.
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
             log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
             yield
         finally:

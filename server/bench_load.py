@@ -63,6 +63,8 @@ def load_footage(count: int, size: tuple[int, int] = (640, 480), quality: int = 
 @dataclass
 class Tally:
     ack_ms: list[float] = field(default_factory=list)
+    accepted_ms: list[float] = field(default_factory=list)
+    shed_ms: list[float] = field(default_factory=list)
     sent: int = 0
     acked: int = 0
     accepted: int = 0
@@ -80,6 +82,7 @@ async def _session(
 ) -> None:
     pending: dict[str, float] = {}
     asked: dict[str, float] = {}
+    questions = [0, 0]  # asked, answered (response.done)
     done = asyncio.Event()
     async with websockets.connect(url, max_size=None, compression=None, open_timeout=60) as ws:
         await ws.send(json.dumps({"type": "session.config", "prefix_warmup": False,
@@ -97,19 +100,24 @@ async def _session(
                     if kind == "video.frame.ack":
                         sent = pending.pop(str(event["frame_id"]), None)
                         if sent is not None:
-                            tally.ack_ms.append((time.perf_counter() - sent) * 1000)
+                            latency = (time.perf_counter() - sent) * 1000
+                            tally.ack_ms.append(latency)
                             tally.acked += 1
                             reason = event.get("reason")
                             if event["accepted"]:
                                 tally.accepted += 1
+                                tally.accepted_ms.append(latency)
                             elif reason == "overloaded":
                                 tally.shed += 1
+                                tally.shed_ms.append(latency)
                             else:
                                 tally.filtered += 1
                     elif kind == "error":
                         tally.errors[event["code"]] = tally.errors.get(event["code"], 0) + 1
                         if event.get("frame_id") is not None:
                             pending.pop(str(event["frame_id"]), None)
+                        if event["code"] == "no_frames":
+                            questions[1] += 1  # that question gets no response.done
                         if event.get("closes_session"):
                             tally.closed_by_server += 1
                     elif kind in {"video.frames.consumed", "response.text.delta"} and probe:
@@ -117,9 +125,11 @@ async def _session(
                         if started is not None:
                             tally.probe_ttft_ms.append((time.perf_counter() - started) * 1000)
                     elif kind == "response.done":
-                        tally.answers += 1
+                        questions[1] += 1
+                        if event["status"] == "completed":
+                            tally.answers += 1
                         asked.pop("q", None)
-                    if done.is_set() and not pending:
+                    if done.is_set() and not pending and questions[1] >= questions[0]:
                         return
             except websockets.ConnectionClosed:
                 if not done.is_set():
@@ -142,11 +152,12 @@ async def _session(
             n += 1
             if ask_every_s > 0 and time.perf_counter() >= next_ask:
                 asked["q"] = time.perf_counter()
+                questions[0] += 1
                 await ws.send(json.dumps({"type": "video.query", "text": "what is happening?"}))
                 next_ask += ask_every_s
         done.set()
         try:
-            await asyncio.wait_for(read_task, 30)
+            await asyncio.wait_for(read_task, 120)
         except TimeoutError:
             read_task.cancel()
 
@@ -175,7 +186,8 @@ async def _run_round(url: str, frames: list[str], sessions: int, fps: float, sec
 
 def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_every_s: float,
              extra_args: list[str] | None = None) -> str:
-    """Start a server process, stream from ``sessions`` sessions, return the report."""
+    """Start a server process (``extra_args``: more ``livesight serve`` flags), stream from
+    ``sessions`` sessions, return the report."""
     port = _free_port()
     args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning",
             "--max-sessions", str(sessions + 8), *(extra_args or [])]
@@ -226,7 +238,9 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"frames sent {tally.sent}, acked {tally.acked} (accepted {tally.accepted}, filtered {tally.filtered}, "
             f"shed {tally.shed}), lost acks {lost}, sessions closed by the server {tally.closed_by_server}",
             f"ack latency p50 {_percentile(tally.ack_ms, 0.5):.1f} ms, p99 {_percentile(tally.ack_ms, 0.99):.1f} ms, "
-            f"max {max(tally.ack_ms, default=float('nan')):.1f} ms",
+            f"max {max(tally.ack_ms, default=float('nan')):.1f} ms; accepted p50/p99 "
+            f"{_percentile(tally.accepted_ms, 0.5):.1f}/{_percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
+            f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms",
             f"server CPU {1000 * cpu / max(tally.sent, 1):.2f} ms per frame sent "
             f"({cpu:.1f} s CPU; includes answers and the probe)",
             f"server RSS before {rss_before / mib:.0f} MiB, peak {peak[0] / mib:.0f} MiB, "

@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     max_history_turns: int = Field(4, ge=0, le=64, description="previous answers kept in the prompt, as text")
     max_answer_tokens: int = Field(1024, ge=1, description="upper bound on sampling.max_tokens")
     max_cached_images: int = Field(
-        128, ge=1, description="preprocessed images (pixel tensors) kept for re-prefill, whole server"
+        32, ge=1, description="preprocessed images (pixel tensors, ~5 MB each for a 640x480 frame) kept for "
+        "re-prefill, whole server"
     )
     max_cached_tokens: int = Field(
         200_000, ge=1, description="KV-cache tokens kept across all sessions (least recently used are dropped)"
@@ -71,7 +72,7 @@ class Settings(BaseSettings):
         "frames beyond it are acked as overloaded"
     )
     intake_max_wait_ms: float = Field(
-        80.0, gt=0, description="a frame that cannot start decoding this long after it was read is acked as "
+        50.0, gt=0, description="a frame that cannot start decoding this long after it was read is acked as "
         "overloaded (load shedding)"
     )
     max_image_pixels: int = Field(
