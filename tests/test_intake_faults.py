@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import psutil
 import pytest
@@ -241,38 +242,41 @@ def footage(count: int) -> list[str]:
     return load_footage(count)
 
 
-async def test_many_sessions_streaming_get_every_ack(tiny_model_dir: Path) -> None:
-    """40 sessions streaming real footage: every frame is answered (accepted, filtered or shed) and none is closed."""
+async def test_many_sessions_get_every_ack_and_none_is_closed_as_idle(tiny_model_dir: Path) -> None:
+    """40 sessions send bursts of real footage faster than 2 cores decode: every frame is answered
+    (accepted, filtered or shed) and no session is closed as idle while its frames wait."""
     frames = footage(20)
-    settings = Settings(model=str(tiny_model_dir), max_sessions=64)
+    settings = Settings(model=str(tiny_model_dir), max_sessions=64, idle_timeout_s=1.0)
     with run_server(settings) as srv:
         clients = [(await connect(srv, prefix_warmup=False))[0] for _ in range(40)]
 
         async def stream(index: int) -> list[dict[str, Any]]:
             client = clients[index]
             ids = set()
-            for i in range(16):
-                frame_id = f"s{index}-{i}"
-                ids.add(frame_id)
-                await client.send(type="video.frame", data=frames[(index + i) % len(frames)], frame_id=frame_id)
-                await asyncio.sleep(0.25)
+            for burst in range(2):
+                for i in range(8):
+                    frame_id = f"s{index}-{burst}-{i}"
+                    ids.add(frame_id)
+                    await client.send(type="video.frame", data=frames[(index + i) % len(frames)], frame_id=frame_id)
+                await asyncio.sleep(0.3)
             got = await answers_for(client, ids, timeout=60)
             return list(got.values())
 
         results = await asyncio.gather(*(stream(i) for i in range(40)))
+        reasons = set()
         for answers in results:
             assert len(answers) == 16
             assert all(e["type"] == "video.frame.ack" for e in answers), [e for e in answers if e["type"] != "video.frame.ack"]
-            assert {e.get("reason") for e in answers} <= {None, "filtered", "overloaded"}
+            reasons |= {e.get("reason") for e in answers}
+        assert reasons <= {None, "filtered", "overloaded"}
         for client in clients:
-            await client.send(type="ping")
-            assert (await client.recv_type("pong"))["type"] == "pong"
             await client.ws.close()
 
 
 async def test_memory_returns_after_rounds_of_sessions(tiny_model_dir: Path) -> None:
-    """Rounds of sessions with 40 buffered 640x480 frames each: RSS comes back after they close, round after round."""
-    frames = footage(40)
+    """Rounds of sessions with 40 buffered 640x480 frames and a question each: RSS comes back
+    after they close (within 300 MB of the start), round after round."""
+    frames = footage(4 + 4 * 6 * 10)
     settings = Settings(model=str(tiny_model_dir), max_sessions=64)
     proc = psutil.Process(os.getpid())
     with run_server(settings) as srv:
@@ -284,32 +288,39 @@ async def test_memory_returns_after_rounds_of_sessions(tiny_model_dir: Path) -> 
         await asyncio.sleep(0.5)
         start = proc.memory_info().rss
         after_rounds = []
-        for _ in range(4):
-            clients = [(await connect(srv, enable_frame_filter=False, prefix_warmup=False))[0] for _ in range(6)]
+        peaks = []
+        metrics: dict[str, Any] = {}
+        for round_ in range(4):
+            clients = [
+                (await connect(srv, enable_frame_filter=False, prefix_warmup=False, sampling={"max_tokens": 2}))[0]
+                for _ in range(6)
+            ]
 
-            async def fill(c: Any) -> None:
+            async def fill(c: Any, own: list[str]) -> None:
                 ids = set()
-                for i, data in enumerate(frames):
-                    ids.add(str(i))
-                    await c.send(type="video.frame", data=data, frame_id=i)
+                for n in range(40):
+                    ids.add(str(n))
+                    # 10 distinct images a session, so the engine's pixel cache sees new ones each round
+                    await c.send(type="video.frame", data=own[n % len(own)], frame_id=n)
                     await asyncio.sleep(0.01)
                 await answers_for(c, ids)
+                await c.ask("what is there?")
 
-            await asyncio.gather(*(fill(c) for c in clients))
-            peak = proc.memory_info().rss
+            await asyncio.gather(*(
+                fill(c, frames[4 + (round_ * 6 + k) * 10 : 4 + (round_ * 6 + k + 1) * 10]) for k, c in enumerate(clients)
+            ))
+            peaks.append(proc.memory_info().rss)
             for c in clients:
                 await c.ws.close()
             for _ in range(100):
                 await asyncio.sleep(0.05)
-                metrics = json.loads(
-                    (await asyncio.to_thread(__import__("httpx").get, srv.http_url + "/metrics")).text
-                )
+                metrics = json.loads((await asyncio.to_thread(httpx.get, srv.http_url + "/metrics")).text)
                 if metrics["sessions"] == 0:
                     break
             await asyncio.sleep(0.3)
             after_rounds.append(proc.memory_info().rss)
         growth = [(r - start) / 2**20 for r in after_rounds]
-        assert peak > start  # the rounds did hold memory
+        assert max(peaks) > start  # the rounds did hold memory
         # Before: 0.73 -> 1.91 -> 1.95 -> 2.07 -> 2.13 -> 2.21 GB. Now it comes back each time.
-        assert max(growth) < 150, growth
+        assert max(growth) < 300, growth
         assert metrics["frames_live"] == 0
