@@ -72,6 +72,8 @@ class Tally:
     shed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     closed_by_server: int = 0
+    close_codes: dict[int, int] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
     answers: int = 0
     probe_ttft_ms: list[float] = field(default_factory=list)
 
@@ -85,7 +87,7 @@ async def _session(
     questions = [0, 0]  # asked, answered (response.done)
     done = asyncio.Event()
     async with websockets.connect(url, max_size=None, compression=None, open_timeout=60) as ws:
-        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": False,
+        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": False, "num_frames": 2,
                                   "sampling": {"max_tokens": 8, "temperature": 0}}))
         ready = json.loads(await ws.recv())
         if ready["type"] != "session.ready":
@@ -126,14 +128,17 @@ async def _session(
                             tally.probe_ttft_ms.append((time.perf_counter() - started) * 1000)
                     elif kind == "response.done":
                         questions[1] += 1
+                        tally.statuses[event["status"]] = tally.statuses.get(event["status"], 0) + 1
                         if event["status"] == "completed":
                             tally.answers += 1
                         asked.pop("q", None)
                     if done.is_set() and not pending and questions[1] >= questions[0]:
                         return
-            except websockets.ConnectionClosed:
-                if not done.is_set():
+            except websockets.ConnectionClosed as exc:
+                if not done.is_set() or pending:
                     tally.closed_by_server += 1
+                    code = exc.rcvd.code if exc.rcvd is not None else 1006
+                    tally.close_codes[code] = tally.close_codes.get(code, 0) + 1
 
         read_task = asyncio.create_task(reader())
         start = time.perf_counter() + random.random() / fps
@@ -236,7 +241,8 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"{sessions} sessions (+1 probe) x {fps:g} fps x {seconds:g} s, bikes.mp4 640x480 JPEG q80, "
             f"a question every {ask_every_s:g} s per session",
             f"frames sent {tally.sent}, acked {tally.acked} (accepted {tally.accepted}, filtered {tally.filtered}, "
-            f"shed {tally.shed}), lost acks {lost}, sessions closed by the server {tally.closed_by_server}",
+            f"shed {tally.shed}), lost acks {lost}, sessions closed by the server {tally.closed_by_server} "
+            f"(close codes {tally.close_codes or 'none'})",
             f"ack latency p50 {_percentile(tally.ack_ms, 0.5):.1f} ms, p99 {_percentile(tally.ack_ms, 0.99):.1f} ms, "
             f"max {max(tally.ack_ms, default=float('nan')):.1f} ms; accepted p50/p99 "
             f"{_percentile(tally.accepted_ms, 0.5):.1f}/{_percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
@@ -245,7 +251,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"({cpu:.1f} s CPU; includes answers and the probe)",
             f"server RSS before {rss_before / mib:.0f} MiB, peak {peak[0] / mib:.0f} MiB, "
             f"after all sessions closed {rss_after / mib:.0f} MiB (after - before {(rss_after - rss_before) / mib:+.0f} MiB)",
-            f"answers completed {tally.answers}; probe TTFT median "
+            f"answers {tally.statuses or 'none'}; probe TTFT median "
             f"{statistics.median(tally.probe_ttft_ms) if tally.probe_ttft_ms else float('nan'):.0f} ms "
             f"over {len(tally.probe_ttft_ms)} questions; errors {tally.errors or 'none'}",
         ]

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p_load.add_argument("--sessions", type=int, default=100)
     p_load.add_argument("--fps", type=float, default=2.0)
     p_load.add_argument("--seconds", type=float, default=20.0, help="how long each session streams")
-    p_load.add_argument("--ask-every", type=float, default=10.0, help="seconds between a session's questions (0: none)")
+    p_load.add_argument("--ask-every", type=float, default=30.0, help="seconds between a session's questions (0: none)")
     p_load.add_argument("--serve-args", default="", help='more flags for the server, e.g. "--intake-max-wait-ms 30"')
 
     p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
