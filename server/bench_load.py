@@ -92,6 +92,7 @@ async def _session(
         ready = json.loads(await ws.recv())
         if ready["type"] != "session.ready":
             tally.closed_by_server += 1
+            tally.errors[ready.get("code", "?")] = tally.errors.get(ready.get("code", "?"), 0) + 1
             return
 
         async def reader() -> None:

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
 
     # Transport: the WebSocket server (one place builds it: server/listener.py).
     max_pending_connections: int = Field(
-        128, ge=1, description="connections waiting for their session.config, whole server (not counted in "
+        1024, ge=1, description="connections waiting for their session.config, whole server (not counted in "
         "max_sessions); when full, the one that waited longest is closed"
     )
     max_send_buffer_bytes: int = Field(
