@@ -12,15 +12,20 @@ the frame is shed with an answer instead of queued without bound.
 
 from __future__ import annotations
 
+import asyncio
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
 import anyio
 
 T = TypeVar("T")
-_limiter: anyio.CapacityLimiter | None = None
-_heavy: anyio.CapacityLimiter | None = None
+# One image pool and one heavy pool per event loop: a limiter's waiters belong to the loop
+# that made them, and tests run servers and clients on several loops in one process.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]] = (
+    weakref.WeakKeyDictionary()
+)
 _threads = 2
 
 
@@ -30,24 +35,25 @@ class Overloaded(Exception):
 
 def configure(threads: int) -> None:
     """Set how many blocking jobs may run at once (call before the server starts)."""
-    global _threads, _limiter, _heavy
+    global _threads
     _threads = threads
-    _limiter = None
-    _heavy = None
+    _pools.clear()
+
+
+def _loop_pools() -> tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]:
+    loop = asyncio.get_running_loop()
+    pools = _pools.get(loop)
+    if pools is None:
+        pools = _pools[loop] = (anyio.CapacityLimiter(_threads), anyio.CapacityLimiter(max(1, _threads - 1)))
+    return pools
 
 
 def _image_limiter() -> anyio.CapacityLimiter:
-    global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(_threads)
-    return _limiter
+    return _loop_pools()[0]
 
 
 def _heavy_limiter() -> anyio.CapacityLimiter:
-    global _heavy
-    if _heavy is None:
-        _heavy = anyio.CapacityLimiter(max(1, _threads - 1))
-    return _heavy
+    return _loop_pools()[1]
 
 
 async def run_fair(fn: Callable[..., T], *args: object, deadline: float | None = None, heavy: bool = False) -> T:
