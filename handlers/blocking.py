@@ -1,24 +1,84 @@
 """The one way blocking work (base64, hashing, image decoding, speech) leaves the event loop:
 worker threads with bounded concurrency. Image work shares one limiter; a voice stage passes
-its own (eSpeak is one global engine, a recogniser has a fixed pool of decoders)."""
+its own (eSpeak is one global engine, a recogniser has a fixed pool of decoders).
+
+Frame intake uses ``run_fair``: the shared image limiter hands its slots out in the order
+they were asked for (anyio's limiters are FIFO), and each session asks for at most one slot
+at a time, so sessions take turns (round robin) however many frames one of them sends.
+Heavy images (large or PNG/WebP) also need a slot of a smaller pool, so they can never hold
+every thread; and a job that cannot start before its deadline is not run (``Overloaded``):
+the frame is shed with an answer instead of queued without bound.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
 import anyio
 
 T = TypeVar("T")
-_limiter: anyio.CapacityLimiter | None = None
+# One image pool and one heavy pool per event loop: a limiter's waiters belong to the loop
+# that made them, and tests run servers and clients on several loops in one process.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]] = (
+    weakref.WeakKeyDictionary()
+)
 _threads = 2
+
+
+class Overloaded(Exception):
+    """A job could not start before its deadline; it was not run."""
 
 
 def configure(threads: int) -> None:
     """Set how many blocking jobs may run at once (call before the server starts)."""
-    global _threads, _limiter
+    global _threads
     _threads = threads
-    _limiter = None
+    _pools.clear()
+
+
+def _loop_pools() -> tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]:
+    loop = asyncio.get_running_loop()
+    pools = _pools.get(loop)
+    if pools is None:
+        pools = _pools[loop] = (anyio.CapacityLimiter(_threads), anyio.CapacityLimiter(max(1, _threads - 1)))
+    return pools
+
+
+def _image_limiter() -> anyio.CapacityLimiter:
+    return _loop_pools()[0]
+
+
+def _heavy_limiter() -> anyio.CapacityLimiter:
+    return _loop_pools()[1]
+
+
+async def run_fair(fn: Callable[..., T], *args: object, deadline: float | None = None, heavy: bool = False) -> T:
+    """Run ``fn(*args)`` on the image pool, taking turns with other callers (FIFO).
+
+    ``deadline`` is a ``time.perf_counter()`` value: when no slot is free by then, the job
+    is not run and ``Overloaded`` is raised. ``heavy``: the job also takes a slot of the
+    heavy pool (one thread fewer than the image pool). Returns ``fn``'s result, re-raises
+    its exception.
+    """
+    limiters = [_heavy_limiter(), _image_limiter()] if heavy else [_image_limiter()]
+    held: list[anyio.CapacityLimiter] = []
+    try:
+        for limiter in limiters:
+            timeout = None if deadline is None else deadline - time.perf_counter()
+            with anyio.move_on_after(timeout) as scope:
+                await limiter.acquire()
+            if scope.cancelled_caught:
+                raise Overloaded
+            held.append(limiter)
+        # The slot is held: the default thread pool only supplies the thread.
+        return await anyio.to_thread.run_sync(fn, *args)
+    finally:
+        for limiter in reversed(held):
+            limiter.release()
 
 
 async def run_blocking(
@@ -27,11 +87,8 @@ async def run_blocking(
     """Run ``fn(*args)`` in a worker thread under ``limiter`` (default: the shared image pool);
     returns its result, re-raises its exception. ``abandon_on_cancel``: a cancelled caller
     returns at once and the thread finishes alone (for long jobs whose result is not needed)."""
-    global _limiter
     if limiter is None:
-        if _limiter is None:
-            _limiter = anyio.CapacityLimiter(_threads)
-        limiter = _limiter
+        limiter = _image_limiter()
     return await anyio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=abandon_on_cancel)
 
 

@@ -169,6 +169,7 @@ class SessionCore:
         self._requests = itertools.count(1)
         self.frames_received = 0
         self.frames_filtered = 0
+        self.frames_shed = 0
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -279,6 +280,14 @@ class SessionCore:
             self.origin = frame
         evicted = self.buffer.add(frame)
         return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted), frame, evicted)
+
+    def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:
+        """A frame dropped at intake because the server cannot keep up: its ack says so
+        (``reason: "overloaded"``); nothing is buffered."""
+        self.frames_received += 1
+        self.frames_shed += 1
+        ack = self._ack(event, now_ms, False, 0.0, [])
+        return None if ack is None else ack.model_copy(update={"reason": "overloaded", "similarity": None})
 
     def _ack(
         self, event: VideoFrame, now_ms: float, accepted: bool, similarity: float, evicted: list[Frame]

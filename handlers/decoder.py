@@ -7,9 +7,10 @@ JPEG much larger than ``max_side`` is decoded at 1/2, 1/4 or 1/8 scale by libjpe
 
 Only JPEG, PNG and WebP are accepted, identified by their magic bytes, and only those
 Pillow plugins are ever asked to read the data: a client cannot reach Pillow's other
-parsers (EPS, for one, runs Ghostscript). The pixel count is checked from the header,
-before any pixel is decoded, so a small file that claims a huge image (a decompression
-bomb) costs nothing.
+parsers (EPS, for one, runs Ghostscript). The pixel count and the aspect ratio are
+checked from the header, before any pixel is decoded, so a small file that claims a huge
+image (a decompression bomb) costs nothing, and a frame the model's processor would refuse
+later (Qwen2-VL's refuses an aspect ratio over 200) is refused at intake instead.
 
 Every failure is a ``ValueError`` with a short message that is safe to show to a client.
 """
@@ -20,13 +21,14 @@ import io
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
 #: Largest image accepted, in pixels (width x height), checked before decoding.
 DEFAULT_MAX_PIXELS = 40_000_000
-#: Most elongated image accepted (long side / short side), checked from the header.
-MAX_ASPECT = 100
+#: Largest long side / short side accepted by default (the server passes its setting).
+DEFAULT_MAX_ASPECT_RATIO = 200.0
 
 _PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -52,15 +54,18 @@ def sniff_format(data: bytes) -> str | None:
 
 
 @contextmanager
-def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Iterator[Image.Image]:
-    """Open encoded image bytes lazily (header only) and check the size.
+def open_image(
+    data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
+) -> Iterator[Image.Image]:
+    """Open encoded image bytes lazily (header only) and check the size and aspect ratio.
 
     Yields the unloaded Pillow image; the caller may call ``draft`` on it, then must
     derive (load, convert, resize) what it keeps inside the ``with`` block.
 
     Raises:
         ValueError: the bytes are not a JPEG, PNG or WebP image, the header is corrupt,
-            the image has no pixels, or more than ``max_pixels`` pixels. Decoding errors
+            the image has no pixels, more than ``max_pixels`` pixels, or a long side more
+            than ``max_aspect_ratio`` times its short side. Decoding errors
             raised inside the ``with`` block are turned into ``ValueError`` too.
     """
     fmt = sniff_format(data)
@@ -79,10 +84,8 @@ def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Iterator
             raise ValueError("image has zero size")
         if width * height > max_pixels:
             raise ValueError(f"image too large: {width}x{height} pixels, limit {max_pixels}")
-        if max(width, height) > MAX_ASPECT * min(width, height):
-            # Image processors refuse such shapes (Qwen2-VL's over 200): an accepted frame
-            # would make every later answer over it fail.
-            raise ValueError(f"image aspect ratio {width}x{height} is over {MAX_ASPECT}:1")
+        if max(width, height) > max_aspect_ratio * min(width, height):
+            raise ValueError(f"image too elongated: {width}x{height}, aspect ratio limit {max_aspect_ratio:g}")
         try:
             yield img
         except _DECODE_ERRORS as exc:
@@ -100,6 +103,7 @@ def decode_image(
     max_side: int | None,
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
 ) -> Image.Image:
     """Decode an encoded frame to an RGB image whose longest side is at most about ``max_side``
     (within ``RESIZE_SLACK``).
@@ -109,12 +113,12 @@ def decode_image(
     returns, and the result holds no reference to ``data``.
 
     Raises:
-        ValueError: undecodable data, a zero-size image, or more than ``max_pixels``
-            pixels.
+        ValueError: undecodable data, a zero-size image, more than ``max_pixels``
+            pixels, or an aspect ratio over ``max_aspect_ratio``.
     """
     if max_side is not None and max_side < 1:
         raise ValueError("max_side must be at least 1")
-    with open_image(data, max_pixels=max_pixels) as img:
+    with open_image(data, max_pixels=max_pixels, max_aspect_ratio=max_aspect_ratio) as img:
         if max_side is not None:
             target = _fit(img.size, max_side)
             if target != img.size:
@@ -138,6 +142,32 @@ def decode_image(
         # ``data`` and a WebP its decoder with a copy of the file: detach the pixels.
         out = img.copy()
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ImageHeader:
+    """What an image's header says, read without decoding a pixel."""
+
+    format: str  # "jpeg", "png" or "webp"
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def read_header(
+    data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
+) -> ImageHeader:
+    """Check an encoded image from its header alone (microseconds, whatever its size).
+
+    Raises:
+        ValueError: as ``open_image``.
+    """
+    with open_image(data, max_pixels=max_pixels, max_aspect_ratio=max_aspect_ratio) as img:
+        width, height = img.size
+    return ImageHeader(sniff_format(data) or "", width, height)
 
 
 def _fit(size: tuple[int, int], max_side: int) -> tuple[int, int]:

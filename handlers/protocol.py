@@ -296,7 +296,7 @@ class FrameAck(ServerEvent):
     accepted: bool
     buffered_frames: int
     server_receive_ts_ms: float
-    reason: Literal["filtered"] | None = None
+    reason: Literal["filtered", "overloaded"] | None = None
     similarity: float | None = None
     dropped_frame_id: FrameId | None = None
     dropped_frame_ids: list[FrameId] = Field(default_factory=list)

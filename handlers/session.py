@@ -9,6 +9,12 @@ Control comes before media: the reader answers ``ping`` and interrupts a running
 ``video.done`` then go in order through a bounded queue to the processor, so a question
 always sees the frames sent before it.
 
+Intake is bounded in bytes and sheds load (``intake.py``): a frame that does not fit the
+session's or the server's read-ahead budget, or finds the queue full, or cannot start
+decoding within ``intake_max_wait_ms`` of being read, is acked at once with
+``reason: "overloaded"`` instead of waiting. Every frame with a ``frame_id`` gets an ack,
+and a session whose messages are still waiting is never closed as idle.
+
 Voice: with server turn detection the processor runs each audio chunk through the voice
 activity model; speech that starts interrupts the running answer (barge-in), speech that
 stops starts an answer. An answer first transcribes its audio when the engine cannot hear,
@@ -36,11 +42,9 @@ from handlers.core import (
     SessionCore,
     SpokenQuestion,
     VoicePaths,
-    decode_base64,
 )
-from handlers.decoder import decode_image
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
-from handlers.frames import Frame, content_key
+from handlers.intake import Admission, IntakeLimits, ReadAhead, decode_prepared, prepare_frame
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -66,7 +70,6 @@ from handlers.protocol import (
     encode,
     parse_client_event,
 )
-from handlers.similarity import thumbnail
 from handlers.speech import Listening, NativeAudioTrim, SpokenAnswer
 from handlers.transport import Disconnected, Transport
 from handlers.turn_detection import SpeechStarted, SpeechStopped
@@ -96,18 +99,6 @@ class Turn:
     listening: Listening | None = None  # the question's audio, transcribed as it was spoken
 
 
-def _prepare_frame(data: str, frame_id: str | int | None) -> tuple[bytes, str, object]:
-    """Blocking part of frame intake: base64, content key and similarity thumbnail."""
-    raw = decode_base64(data, ErrorCode.INVALID_IMAGE, "frame data", frame_id)
-    try:
-        thumb = thumbnail(raw)
-    except ValueError as exc:
-        raise SessionError(
-            ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=None if frame_id is None else str(frame_id)
-        ) from None
-    return raw, content_key(raw), thumb
-
-
 def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
     """What the engine does itself and what the voice stages add: native first, never both."""
     voice = voice or Voice()
@@ -125,9 +116,15 @@ class Session:
     """Runs one client connection from its first message to its end."""
 
     def __init__(
-        self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None
+        self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None,
+        *, intake: IntakeLimits | None = None, read_ahead: ReadAhead | None = None, admission: Admission | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
+        self.intake = intake or IntakeLimits()
+        self.server_read_ahead = read_ahead or ReadAhead(self.intake.max_read_ahead_bytes)
+        self.admission = admission or Admission(max_sessions=1 << 30, max_pending=1 << 30)
+        self.read_ahead_bytes = 0  # this session's bytes read but not yet handled
+        self.waiting_messages = 0  # read, not yet handled: the session is not idle while > 0
         self.transport = transport
         self.engine = engine
         self.voice = voice or Voice()
@@ -137,7 +134,6 @@ class Session:
         self.config_timeout_s = config_timeout_s
         self.turn: Turn | None = None
         self._send_lock = anyio.Lock()
-        self._decoding: dict[int, anyio.Event] = {}
         self._warm_wanted = anyio.Event()
         self._warm_scope: anyio.CancelScope | None = None
         self._warm_idle = anyio.Event()
@@ -149,7 +145,7 @@ class Session:
     def settled(self) -> bool:
         """True when no decode, warmup or answer is running or wanted (benchmarks wait for it)."""
         warm_busy = self.core.warm_prefix and (self._warm_wanted.is_set() or not self._warm_idle.is_set())
-        return not self._decoding and self.turn is None and not warm_busy
+        return not self.waiting_messages and self.turn is None and not warm_busy
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -171,6 +167,9 @@ class Session:
             pass  # the client left (or an idle/closing error was sent)
         finally:
             with anyio.CancelScope(shield=True):
+                self.admission.release(self.id)
+                self.server_read_ahead.give(self.read_ahead_bytes)
+                self.read_ahead_bytes = 0
                 self.core.close()
                 await self.engine.release(self.id)
                 await self.transport.close(1000)
@@ -178,11 +177,17 @@ class Session:
 
     async def _configure(self) -> bool:
         """Wait for ``session.config``; returns False when the session must close."""
+        raw: str | bytes | None = None
         try:
-            with anyio.fail_after(self.config_timeout_s):
+            with anyio.fail_after(self.config_timeout_s), self.admission.waiting(self.id):
                 raw = await self.transport.receive()
         except TimeoutError:
             await self._fail(SessionError(ErrorCode.CONFIG_TIMEOUT, f"no session.config within {self.config_timeout_s:g} s"))
+            return False
+        if raw is None and self.admission.was_pushed_out(self.id):
+            await self._fail(SessionError(
+                ErrorCode.TOO_MANY_SESSIONS, "too many connections are waiting for session.config; this one waited longest"
+            ))
             return False
         try:
             event = parse_client_event(raw)
@@ -192,6 +197,11 @@ class Session:
             if exc.code in {ErrorCode.INVALID_JSON, ErrorCode.INVALID_MESSAGE, ErrorCode.UNKNOWN_TYPE}:
                 exc = SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be session.config ({exc.message})")
             await self._fail(exc)
+            return False
+        if not self.admission.claim(self.id):
+            await self._fail(SessionError(
+                ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {self.admission.max_sessions} sessions"
+            ))
             return False
         await self.send(self.core.configure(event))
         if self.core.detector is not None and self.voice.vad is not None:
@@ -231,19 +241,41 @@ class Session:
                     await self.interrupt()
                 elif isinstance(event, SessionConfig):
                     await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
+                elif isinstance(event, VideoFrame):
+                    await self._read_frame(queue, event)
                 else:
                     if isinstance(event, VideoQuery):
                         await self.interrupt()
-                    await queue.send((event, time.perf_counter()))
+                    self.waiting_messages += 1
+                    await queue.send((event, time.perf_counter(), 0))
                     if isinstance(event, VideoDone):
                         return
+
+    async def _read_frame(self, queue: anyio.abc.ObjectSendStream[object], event: VideoFrame) -> None:
+        """Queue a frame within the byte budgets, or shed it with an ``overloaded`` ack."""
+        size = len(event.data)
+        if self.read_ahead_bytes + size <= self.intake.max_read_ahead_bytes and self.server_read_ahead.take(size):
+            try:
+                queue.send_nowait((event, time.perf_counter(), size))
+            except anyio.WouldBlock:
+                self.server_read_ahead.give(size)
+            else:
+                self.read_ahead_bytes += size
+                self.waiting_messages += 1
+                return
+        await self._shed(event)
+
+    async def _shed(self, event: VideoFrame) -> None:
+        ack = self.core.shed_frame(event, now_ms())
+        if ack is not None:
+            await self.send(ack)
 
     async def _receive_or_idle(self) -> str | bytes:
         """Next message; raises the idle timeout when nothing came and nothing is running."""
         while True:
             with anyio.move_on_after(self.core.limits.idle_timeout_s):
                 return await self.transport.receive()
-            if self.turn is None:
+            if self.turn is None and not self.waiting_messages:
                 await self._fail(
                     SessionError(ErrorCode.IDLE_TIMEOUT, f"nothing received for {self.core.limits.idle_timeout_s:g} s")
                 )
@@ -252,10 +284,10 @@ class Session:
     # ------------------------------------------------------------------ processor
     async def _process(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
         async with queue:
-            async for event, received in queue:
+            async for event, received, size in queue:
                 try:
                     if isinstance(event, VideoFrame):
-                        await self._on_frame(event)
+                        await self._on_frame(event, received)
                     elif isinstance(event, AudioChunkIn):
                         await self._on_audio(event)
                     elif isinstance(event, VideoQuery):
@@ -265,49 +297,37 @@ class Session:
                         return
                 except SessionError as exc:
                     await self.report(exc)
+                finally:
+                    self.waiting_messages -= 1
+                    self.read_ahead_bytes -= size
+                    self.server_read_ahead.give(size)
 
-    async def _on_frame(self, event: VideoFrame) -> None:
+    async def _on_frame(self, event: VideoFrame, received: float) -> None:
+        """Check, decode once (off the loop, taking turns with other sessions), filter, ack."""
         self.core.check_frame_size(event)
-        received = now_ms()
-        raw, key, thumb = await blocking.run_blocking(_prepare_frame, event.data, event.frame_id)
-        intake: FrameIntake = self.core.accept_frame(event, raw, key, thumb, received)
-        if intake.evicted and self.core.warm_prefix:
+        receive_ms = now_ms()
+        side = self.core.capabilities.max_image_side
+        deadline = received + self.intake.intake_max_wait_ms / 1000
+        try:
+            prepared = await blocking.run_fair(
+                prepare_frame, event.data, event.frame_id, self.intake, side, deadline=deadline
+            )
+            if prepared.image is None:
+                prepared = await blocking.run_fair(
+                    decode_prepared, prepared, event.frame_id, self.intake, side, deadline=deadline, heavy=True
+                )
+        except blocking.Overloaded:
+            await self._shed(event)
+            return
+        intake: FrameIntake = self.core.accept_frame(event, prepared.raw, prepared.key, prepared.thumb, receive_ms)
+        if intake.frame is not None:
+            intake.frame.image = prepared.image
+            intake.frame.decode_ms = prepared.decode_ms
+            intake.frame.decoded_ts_ms = now_ms()
+        if (intake.evicted or intake.frame is not None) and self.core.warm_prefix:
             self._warm_wanted.set()
         if intake.ack is not None:
             await self.send(intake.ack)
-        if intake.frame is not None:
-            done = anyio.Event()
-            self._decoding[intake.frame.seq] = done
-            self._tg.start_soon(self._decode, intake.frame, done)
-
-    async def _decode(self, frame: Frame, done: anyio.Event) -> None:
-        """Decode one frame off the loop (once per distinct image)."""
-        try:
-            image = self.core.buffer.decoded_image(frame.key)
-            started = time.perf_counter()
-            if image is None:
-                side = self.core.capabilities.max_image_side
-                try:
-                    image = await blocking.run_blocking(decode_image, frame.data, side) if frame.data else None
-                except ValueError as exc:
-                    if not frame.released:
-                        await self.report(self.core.reject_frame(frame, str(exc)))
-                    return
-            if image is not None and not frame.released:
-                frame.image = image
-                frame.decode_ms = round((time.perf_counter() - started) * 1000, 3)
-                frame.decoded_ts_ms = now_ms()
-                if self.core.warm_prefix:
-                    self._warm_wanted.set()
-        finally:
-            self._decoding.pop(frame.seq, None)
-            done.set()
-
-    async def _frames_ready(self, frames: list[Frame]) -> None:
-        for frame in frames:
-            pending = self._decoding.get(frame.seq)
-            if pending is not None:
-                await pending.wait()
 
     # ------------------------------------------------------------------ microphone
     async def _on_audio(self, event: AudioChunkIn) -> None:
@@ -377,7 +397,6 @@ class Session:
         # The turn exists from here on, so the warm loop starts no new prefill.
         turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event(), received, listening=listening)
         try:
-            await self._frames_ready(plan.frames)
             self.core.settle_frames(plan)
             await self._stop_warmup()
         except BaseException:

@@ -40,6 +40,11 @@ mains-light banding; then with the camera shaking +-2 px.
     static: banding             98%   98%   98%   98%   98%   87%   79%    0%
     static: shaking +-2 px      98%   95%   74%   59%   49%   37%   30%    0%
 
+The server takes its thumbnails from the frame's one decode (``thumbnail_of``: a sparse
+grid, box-averaged) instead of a second, reduced decode. Checked on the same clips at 0.98:
+the same drops on moving footage (2 and 10 fps, within one frame in 40) and on static noise
+and flicker (39 of 40); under camera shake it keeps more (drops 12-23 of 40 against 26-32).
+
 ``DEFAULT_THRESHOLD`` = 0.98 (drop a frame when less than 2% of the picture changed since
 the last kept one): every moving clip keeps all its frames at 2 fps and 66-92% at 10 fps,
 while a still camera sends one frame. A peer's default dropped 90-95% of moving footage.
@@ -77,6 +82,19 @@ def thumbnail(data: bytes, side: int = THUMBNAIL_SIDE) -> np.ndarray:
     with open_image(data) as img:
         img.draft("L", (side, side))
         small = img.convert("L").resize((side, side), Image.Resampling.BOX)
+    return np.asarray(small, dtype=np.float32) / np.float32(255.0)
+
+
+def thumbnail_of(image: Image.Image, side: int = THUMBNAIL_SIDE) -> np.ndarray:
+    """``thumbnail`` of an already decoded image: no second decode of the frame.
+
+    A ``4 side`` x ``4 side`` grid of pixels is sampled, box-averaged to ``side`` x ``side``
+    (16 samples a cell: sensor noise and JPEG noise average out) and made grayscale (ITU-R
+    601 luma, as JPEG's own brightness channel): ~0.2 ms for a 640x480 frame, against
+    ~0.7 ms for a box average over every pixel.
+    """
+    grid = image.resize((4 * side, 4 * side), Image.Resampling.NEAREST) if min(image.size) > 4 * side else image
+    small = grid.resize((side, side), Image.Resampling.BOX).convert("L")
     return np.asarray(small, dtype=np.float32) / np.float32(255.0)
 
 

@@ -13,6 +13,7 @@ import uvicorn
 
 from server.app import WS_PATH, create_app
 from server.engines.base import Engine
+from server.listener import uvicorn_config
 from server.settings import Settings
 
 
@@ -39,9 +40,7 @@ def run_server(settings: Settings, engine: Engine | None = None, start_timeout_s
     Raises ``RuntimeError`` when the server does not start.
     """
     app = create_app(settings, engine)
-    config = uvicorn.Config(
-        app, host=settings.host, port=0, log_level="warning", ws_max_size=settings.max_message_bytes, lifespan="on"
-    )
+    config = uvicorn_config(app, settings, port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="livesight-server", daemon=True)
     thread.start()

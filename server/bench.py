@@ -184,7 +184,9 @@ def run_intake(model: str | None, count: int) -> str:
     import sys
 
     port = _free_port()
-    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    # A burst of frames is sent at once: no load shedding, so every frame's cost is measured.
+    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning",
+            "--intake-max-wait-ms", "600000", "--max-queue", str(count + 16)]
     if model:
         args += ["--model", model]
     proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})

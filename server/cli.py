@@ -32,18 +32,11 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from server.app import create_app
+    from server.listener import uvicorn_config
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        ws_max_size=settings.max_message_bytes,
-        ws_ping_interval=20,
-        ws_ping_timeout=60,
-    )
+    uvicorn.Server(uvicorn_config(app, settings)).run()
 
 
 def _add_stream_flags(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     p_intake.add_argument("--model", default=None)
     p_intake.add_argument("--frames", type=int, default=200)
 
+    p_load = bench_sub.add_parser("load", help="many sessions streaming real footage: ack latency, lost acks, CPU, RSS")
+    p_load.add_argument("--model", default=None)
+    p_load.add_argument("--sessions", type=int, default=100)
+    p_load.add_argument("--fps", type=float, default=2.0)
+    p_load.add_argument("--seconds", type=float, default=20.0, help="how long each session streams")
+    p_load.add_argument("--ask-every", type=float, default=30.0, help="seconds between a session's questions (0: none)")
+    p_load.add_argument("--serve-args", default="", help='more flags for the server, e.g. "--intake-max-wait-ms 30"')
+
     p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
     p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
     p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
@@ -176,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             from server.bench_fuzz import run_fuzz
 
             print(run_fuzz(args.model, args.messages, args.seed))
+        elif args.bench == "load":
+            from server.bench_load import run_load
+
+            print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every, args.serve_args.split()))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 

@@ -60,10 +60,58 @@ class Settings(BaseSettings):
     )
     max_answer_tokens: int = Field(1024, ge=1, description="upper bound on sampling.max_tokens")
     max_cached_images: int = Field(
-        128, ge=1, description="preprocessed images (pixel tensors) kept for re-prefill, whole server"
+        32, ge=1, description="preprocessed images (pixel tensors, ~5 MB each for a 640x480 frame) kept for "
+        "re-prefill, whole server"
     )
     max_cached_tokens: int = Field(
         200_000, ge=1, description="KV-cache tokens kept across all sessions (least recently used are dropped)"
+    )
+
+    # Intake: read-ahead in bytes, image checks before decoding, load shedding.
+    max_read_ahead_bytes: int = Field(
+        32 * MiB, ge=1024, description="bytes of client messages read but not yet handled, per session; "
+        "frames beyond it are acked as overloaded"
+    )
+    max_server_read_ahead_bytes: int = Field(
+        512 * MiB, ge=1024, description="bytes of client messages read but not yet handled, whole server; "
+        "frames beyond it are acked as overloaded"
+    )
+    intake_max_wait_ms: float = Field(
+        50.0, gt=0, description="a frame that cannot start decoding this long after it was read is acked as "
+        "overloaded (load shedding)"
+    )
+    max_image_pixels: int = Field(
+        3840 * 2160, ge=1024, description="largest frame in pixels (width x height), checked from the image "
+        "header before decoding; larger frames get invalid_image"
+    )
+    max_image_aspect_ratio: float = Field(
+        20.0, ge=1, le=200, description="largest long side / short side of a frame, checked from the header; "
+        "more elongated frames get invalid_image"
+    )
+    heavy_image_pixels: int = Field(
+        1920 * 1080, ge=1024, description="frames above this many pixels (and every PNG or WebP above a quarter of it) "
+        "decode on at most decode_threads - 1 threads, so they cannot take the whole pool"
+    )
+
+    # Transport: the WebSocket server (one place builds it: server/listener.py).
+    max_pending_connections: int = Field(
+        1024, ge=1, description="connections waiting for their session.config, whole server (not counted in "
+        "max_sessions); when full, the one that waited longest is closed"
+    )
+    max_send_buffer_bytes: int = Field(
+        4 * MiB, ge=65536, description="bytes queued for a client that does not read (pongs included) before it "
+        "is disconnected with close code 1008"
+    )
+    send_timeout_s: float = Field(
+        30.0, gt=0, description="a client that reads nothing this long while the server has events for it is "
+        "disconnected with close code 1008"
+    )
+    ws_ping_interval_s: float = Field(20.0, gt=0, description="WebSocket keepalive ping interval")
+    ws_ping_timeout_s: float = Field(
+        60.0, gt=0, description="close a connection whose keepalive ping gets no pong this long (close code 1011)"
+    )
+    ws_compression: bool = Field(
+        False, description="offer permessage-deflate (base64 JPEG hardly compresses; costs ~0.5 ms per frame)"
     )
 
     # vLLM engine (engine=vllm): passed through to vLLM's engine arguments.

@@ -224,15 +224,19 @@ async def test_idle_timeout_closes() -> None:
 
 
 async def test_too_many_sessions() -> None:
-    """Connections beyond max_sessions are refused with too_many_sessions."""
+    """A session.config beyond max_sessions is refused with too_many_sessions (and close code 1013)."""
     from tests.conftest import tiny_model_path_for_module
 
     settings = Settings(model=tiny_model_path_for_module(), max_sessions=1)
     with run_server(settings) as small:
         first, _ = await connect(small)
         ws = await websockets.connect(small.ws_url)
+        await ws.send(json.dumps({"type": "session.config"}))
         error = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert error["code"] == "too_many_sessions"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd.code == 1013
         await first.ws.close()
 
 

