@@ -40,6 +40,7 @@ from handlers.core import (
 from handlers.decoder import decode_image
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
 from handlers.frames import Frame, content_key
+from handlers.observer import SessionObserver
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -123,9 +124,11 @@ class Session:
     """Runs one client connection from its first message to its end."""
 
     def __init__(
-        self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None
+        self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None,
+        observer: SessionObserver | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
+        self.observer = observer or SessionObserver()
         self.transport = transport
         self.engine = engine
         self.voice = voice or Voice()
@@ -151,6 +154,7 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         """Serve the connection until it ends; never raises for client behaviour."""
+        self.observer.opened()
         try:
             if not await self._configure():
                 return
@@ -172,6 +176,7 @@ class Session:
                 await self.engine.release(self.id)
                 await self.transport.close(1000)
                 self.closed = True
+                self.observer.closed()
 
     async def _configure(self) -> bool:
         """Wait for ``session.config``; returns False when the session must close."""
@@ -205,6 +210,7 @@ class Session:
     async def send(self, event: ServerEvent) -> None:
         async with self._send_lock:
             await self.transport.send(encode(event))
+        self.observer.sent(event)
 
     async def report(self, exc: SessionError) -> None:
         """The one place a ``SessionError`` becomes an ``error`` event."""
@@ -222,6 +228,7 @@ class Session:
                 except SessionError as exc:
                     await self.report(exc)
                     continue
+                self.observer.received(event)
                 if isinstance(event, Ping):
                     await self.send(Pong())
                 elif isinstance(event, ResponseCancel):
@@ -268,6 +275,8 @@ class Session:
         received = now_ms()
         raw, key, thumb = await blocking.run_blocking(_prepare_frame, event.data, event.frame_id)
         intake: FrameIntake = self.core.accept_frame(event, raw, key, thumb, received)
+        self.observer.frames("accepted" if intake.frame is not None else "filtered")
+        self.observer.frames("evicted", len(intake.evicted))
         if intake.evicted and self.core.warm_prefix:
             self._warm_wanted.set()
         if intake.ack is not None:

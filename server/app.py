@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
@@ -25,6 +25,7 @@ from handlers.transport import Disconnected
 from server.auth import AccessPolicy, warn_if_open
 from server.engines import create_engine
 from server.engines.base import Engine
+from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
 from server.speech import create_voice
 
@@ -93,13 +94,20 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             await app.state.engine.close()
 
     app = FastAPI(title="livesight", lifespan=lifespan)
+    app.state.metrics = metrics = Metrics(lambda: app.state.engine.kv_cache_tokens())
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "engine": asdict(app.state.engine.capabilities), "sessions": len(sessions)}
 
     @app.get("/metrics")
-    async def metrics(request: Request) -> JSONResponse:
+    async def prometheus_metrics(request: Request) -> Response:
+        if not access.http_key(request.headers, request.query_params):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/metrics.json")
+    async def summary(request: Request) -> JSONResponse:
         if not access.http_key(request.headers, request.query_params):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         gc.collect()
@@ -120,12 +128,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         transport = WebSocketTransport(ws, settings.max_message_bytes)
         if verdict.refusal is not None:
             log.info("refused a connection: %s", verdict.refusal.value)
+            metrics.refused(verdict.refusal)
             await _refuse(transport, verdict.refusal, verdict.message)
             return
         if len(sessions) >= settings.max_sessions:
+            metrics.refused(ErrorCode.TOO_MANY_SESSIONS)
             await _refuse(transport, ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {settings.max_sessions} sessions")
             return
-        session = Session(transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice)
+        session = Session(
+            transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice,
+            observer=metrics.session_observer("video_chat"),
+        )
         sessions.add(session)
         try:
             await session.run()
