@@ -103,3 +103,20 @@ def test_speech_seconds_come_from_the_wav_header() -> None:
     assert wav_seconds(wav) == pytest.approx(0.5)
     assert wav_seconds(base64.b64encode(encode_wav(b"\0\0" * 16_000, rate=16_000)).decode()) == pytest.approx(1.0)
     assert wav_seconds("bm90IGEgd2F2") == 0.0
+
+
+async def test_every_metric_the_dashboard_queries_exists(server: RunningServer) -> None:
+    """Each livesight_* series named in the Grafana dashboard is a sample of a running server's /metrics."""
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = Path(__file__).resolve().parent.parent / "docker" / "monitoring" / "grafana" / "dashboards" / "livesight.json"
+    panels = json.loads(dashboard.read_text())["panels"]
+    queried = {name for p in panels for t in p["targets"] for name in re.findall(r"livesight_[a-z_]+", t["expr"])}
+    assert len(queried) >= 10
+    titles = " ".join(p["title"].lower() for p in panels)
+    for topic in ("sessions", "frames", "ack latency", "first output", "cache", "errors"):
+        assert topic in titles, topic
+    exposed = {name for name, _ in await scrape(server)}
+    assert queried <= exposed, queried - exposed
