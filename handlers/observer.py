@@ -34,3 +34,30 @@ class SessionObserver:
 
     def frames(self, outcome: FrameOutcome, count: int = 1) -> None:
         """``count`` frames had ``outcome``."""
+
+
+class Observers(SessionObserver):
+    """Several observers as one, called in order."""
+
+    def __init__(self, *observers: SessionObserver) -> None:
+        self.observers = observers
+
+    def opened(self) -> None:
+        for o in self.observers:
+            o.opened()
+
+    def closed(self) -> None:
+        for o in self.observers:
+            o.closed()
+
+    def received(self, event: ClientEvent) -> None:
+        for o in self.observers:
+            o.received(event)
+
+    def sent(self, event: ServerEvent) -> None:
+        for o in self.observers:
+            o.sent(event)
+
+    def frames(self, outcome: FrameOutcome, count: int = 1) -> None:
+        for o in self.observers:
+            o.frames(outcome, count)

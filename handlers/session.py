@@ -26,7 +26,7 @@ from functools import partial
 import anyio
 from anyio.abc import TaskGroup
 
-from handlers import blocking
+from handlers import blocking, log_context
 from handlers.core import (
     FrameIntake,
     Limits,
@@ -154,6 +154,7 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         """Serve the connection until it ends; never raises for client behaviour."""
+        context = log_context.session_id.set(self.id)
         self.observer.opened()
         try:
             if not await self._configure():
@@ -177,6 +178,7 @@ class Session:
                 await self.transport.close(1000)
                 self.closed = True
                 self.observer.closed()
+                log_context.session_id.reset(context)
 
     async def _configure(self) -> bool:
         """Wait for ``session.config``; returns False when the session must close."""
@@ -365,6 +367,7 @@ class Session:
 
     async def _answer(self, turn: Turn) -> None:
         plan = turn.plan
+        log_context.request_id.set(plan.request_id)  # this task's own context: log lines name the answer
         started = turn.received
         status, reason, usage = "interrupted", None, UsageInfo()
         ttft = None

@@ -19,12 +19,14 @@ from handlers import blocking
 from handlers.core import Limits
 from handlers.errors import CLOSE_CODES, ErrorCode
 from handlers.frames import live_frame_count
+from handlers.observer import Observers
 from handlers.protocol import ErrorEvent, encode
 from handlers.session import Session
 from handlers.transport import Disconnected
 from server.auth import AccessPolicy, warn_if_open
 from server.engines import create_engine
 from server.engines.base import Engine
+from server.logs import SessionLog
 from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
 from server.speech import create_voice
@@ -137,7 +139,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             return
         session = Session(
             transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice,
-            observer=metrics.session_observer("video_chat"),
+            observer=Observers(metrics.session_observer("video_chat"), SessionLog("video_chat")),
         )
         sessions.add(session)
         try:

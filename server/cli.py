@@ -33,13 +33,16 @@ def serve(settings: Settings) -> None:
 
     from server.app import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's loggers propagate to the handler configure_logging installed
         ws_max_size=settings.max_message_bytes,
         ws_ping_interval=20,
         ws_ping_timeout=60,

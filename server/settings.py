@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     trust_remote_code: bool = Field(False, description="allow model code shipped with the model")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="where the demo model is generated")
     log_level: str = Field("info", description="logging level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="log lines as text or as JSON objects; both carry the session and request ids"
+    )
 
     config_timeout_s: float = Field(10.0, gt=0, description="deadline for the first message")
     idle_timeout_s: float = Field(
