@@ -20,6 +20,7 @@ Server -> client:
     session.ready, video.frame.ack, video.frames.consumed, response.start,
     response.text.delta, response.text.done, response.output_audio.delta,
     response.output_audio.done, response.done, session.done, error, pong,
+    session.closing                                           (server shutdown: drain)
     input_audio.speech_started, input_audio.speech_stopped   (server turn detection)
     input_audio.transcript                                    (a spoken question as text)
 
@@ -359,6 +360,15 @@ class InputAudioTranscript(ServerEvent):
 
 class SessionDone(ServerEvent):
     type: Literal["session.done"] = "session.done"
+
+
+class SessionClosing(ServerEvent):
+    """The server is shutting down: the running answer may finish; the connection closes with
+    1012 within ``deadline_ms`` (reconnect, to another server when there is one)."""
+
+    type: Literal["session.closing"] = "session.closing"
+    deadline_ms: int
+    reason: Literal["server_shutdown"] = "server_shutdown"
 
 
 class ErrorEvent(ServerEvent):

@@ -56,6 +56,7 @@ from handlers.protocol import (
     ResponseTextDelta,
     ResponseTextDone,
     ServerEvent,
+    SessionClosing,
     SessionConfig,
     SessionDone,
     Timings,
@@ -144,6 +145,8 @@ class Session:
         self._warm_idle.set()
         self._tg: TaskGroup | None = None
         self.closed = False
+        self.close_code = 1000
+        self.ended = anyio.Event()
 
     @property
     def settled(self) -> bool:
@@ -175,10 +178,28 @@ class Session:
             with anyio.CancelScope(shield=True):
                 self.core.close()
                 await self.engine.release(self.id)
-                await self.transport.close(1000)
+                await self.transport.close(self.close_code)
                 self.closed = True
                 self.observer.closed()
+                self.ended.set()
                 log_context.session_id.reset(context)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Server shutdown: send ``session.closing``, let the running answer (and any that the
+        client still starts) finish for at most ``timeout_s``, then close with 1012."""
+        self.close_code = 1012
+        try:
+            await self.send(SessionClosing(deadline_ms=round(timeout_s * 1000)))
+        except Disconnected:
+            pass
+        with anyio.move_on_after(timeout_s):
+            while (turn := self.turn) is not None:
+                await turn.done.wait()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()  # run() closes the transport with close_code
+        else:
+            await self.transport.close(self.close_code)  # still awaiting session.config
+        await self.ended.wait()
 
     async def _configure(self) -> bool:
         """Wait for ``session.config``; returns False when the session must close."""

@@ -24,6 +24,7 @@ from handlers.protocol import ErrorEvent, encode
 from handlers.session import Session
 from handlers.transport import Disconnected
 from server.auth import AccessPolicy, warn_if_open
+from server.drain import drain_sessions
 from server.engines import create_engine
 from server.engines.base import Engine
 from server.logs import SessionLog
@@ -97,6 +98,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     app = FastAPI(title="livesight", lifespan=lifespan)
     app.state.metrics = metrics = Metrics(lambda: app.state.engine.kv_cache_tokens())
+    app.state.draining = False
+
+    async def drain() -> None:
+        """Refuse new sessions; close the open ones gracefully (server/drain.py)."""
+        app.state.draining = True
+        await drain_sessions(sessions, settings.drain_timeout_s)
+
+    app.state.drain = drain
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
@@ -132,6 +141,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             log.info("refused a connection: %s", verdict.refusal.value)
             metrics.refused(verdict.refusal)
             await _refuse(transport, verdict.refusal, verdict.message)
+            return
+        if app.state.draining:
+            metrics.refused(ErrorCode.SERVER_CLOSING)
+            await _refuse(transport, ErrorCode.SERVER_CLOSING, "the server is shutting down; connect again")
             return
         if len(sessions) >= settings.max_sessions:
             metrics.refused(ErrorCode.TOO_MANY_SESSIONS)

@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from server.app import WS_PATH, create_app
+from server.drain import DrainingServer
 from server.engines.base import Engine
 from server.settings import Settings
 
@@ -42,7 +43,7 @@ def run_server(settings: Settings, engine: Engine | None = None, start_timeout_s
     config = uvicorn.Config(
         app, host=settings.host, port=0, log_level="warning", ws_max_size=settings.max_message_bytes, lifespan="on"
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.drain)
     thread = threading.Thread(target=server.run, name="livesight-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -32,12 +32,12 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from server.app import create_app
-
+    from server.drain import DrainingServer
     from server.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -47,6 +47,7 @@ def serve(settings: Settings) -> None:
         ws_ping_interval=20,
         ws_ping_timeout=60,
     )
+    DrainingServer(config, app.state.drain).run()  # SIGTERM: drain the sessions, then stop
 
 
 def _add_stream_flags(parser: argparse.ArgumentParser) -> None:

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(16 * MiB, ge=1024, description="largest WebSocket message")
     max_queue: int = Field(200, ge=1, description="client messages read ahead per session")
     max_sessions: int = Field(64, ge=1, description="concurrent sessions; more are refused")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM: how long running answers may finish before sessions close with 1012"
+    )
     max_image_side: int = Field(
         1024, ge=32, description="frames are decoded at most this large (the model may ask for less)"
     )

@@ -91,3 +91,13 @@ def test_monitoring_profile_adds_prometheus_and_grafana() -> None:
     (livesight_job,) = [j for j in scrape["scrape_configs"] if j["job_name"] == "livesight"]
     assert livesight_job["static_configs"][0]["targets"] == ["livesight:8000"]
     assert livesight_job["metrics_path"] == "/metrics"
+
+
+def test_stop_grace_period_outlasts_the_drain() -> None:
+    """Both compose files give the server longer to stop than its drain timeout (plus margin)."""
+    for name in ("docker-compose.yml", "docker-compose.single.yml"):
+        service = _config(name, MODEL=MODEL)["services"]["livesight"]
+        grace = str(service["stop_grace_period"])
+        assert grace.endswith("s") and grace[:-1].isdigit(), grace
+        drain = float(service["environment"]["LIVESIGHT_DRAIN_TIMEOUT_S"])
+        assert int(grace[:-1]) >= drain + 5, (name, grace, drain)
