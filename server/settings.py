@@ -77,7 +77,7 @@ class Settings(BaseSettings):
         None, gt=0, le=1, description="vLLM: fraction of each GPU's memory it may take (none: vLLM's default)"
     )
     kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="vLLM: KV-cache size in bytes, instead of a memory fraction (needed on CPU)"
+        None, ge=1, description="vLLM: KV-cache size in bytes, instead of a memory fraction (CPU, unset: 25% of free memory)"
     )
     enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs or compilation (starts faster, runs slower)")
     max_images_per_prompt: int = Field(
