@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     FORBIDDEN_ORIGIN = "forbidden_origin"
     INTERNAL_ERROR = "internal_error"
     SERVER_CLOSING = "server_closing"
+    RESUME_FAILED = "resume_failed"
 
 
 #: Codes after which the server closes the connection.

@@ -5,7 +5,7 @@ Client -> server (JSON text messages, each an object with a ``type``):
     session.config   first message: model, modalities, num_frames, max_frames, system_prompt,
                      use_audio_in_video, enable_frame_filter, frame_filter_threshold, sampling,
                      sampling_params_list, voice, speech_rate, turn_detection,
-                     frame_timestamps, prefix_warmup
+                     frame_timestamps, prefix_warmup, resume_token
                      (aliases: num_sample_frames, evs_enabled, evs_threshold)
     video.frame      data (base64 JPEG/PNG/WebP), frame_id, pts_ms, source_pts_ms,
                      capture_ts_ms, quality_profile
@@ -117,6 +117,7 @@ class SessionConfig(_ClientEvent):
     turn_detection: TurnDetection | None = None
     frame_timestamps: bool = True
     prefix_warmup: bool = True
+    resume_token: str | None = Field(None, max_length=200)
 
     @model_validator(mode="before")
     @classmethod
@@ -242,6 +243,9 @@ class SessionReady(ServerEvent):
     capabilities: dict[str, Any]
     ignored_fields: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    resume_token: str | None = None  # send it in session.config to get this session back after a drop
+    resumed: bool = False
+    last_frame_id: FrameId | None = None  # resumed: the last frame the server took
 
 
 class FrameAck(ServerEvent):

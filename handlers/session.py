@@ -41,6 +41,7 @@ from handlers.decoder import decode_image
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
 from handlers.frames import Frame, content_key
 from handlers.observer import SessionObserver
+from handlers.resume import ParkedSession, ParkingLot
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -59,6 +60,7 @@ from handlers.protocol import (
     SessionClosing,
     SessionConfig,
     SessionDone,
+    SessionReady,
     Timings,
     UsageInfo,
     VideoDone,
@@ -126,7 +128,7 @@ class Session:
 
     def __init__(
         self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None,
-        observer: SessionObserver | None = None,
+        observer: SessionObserver | None = None, parking: ParkingLot | None = None, owner: str = "",
     ) -> None:
         self.id = uuid.uuid4().hex
         self.observer = observer or SessionObserver()
@@ -147,6 +149,10 @@ class Session:
         self.closed = False
         self.close_code = 1000
         self.ended = anyio.Event()
+        self.parking, self.owner = parking, owner  # resume: where a dropped session waits; its key's digest
+        self._resume_token: str | None = None
+        self._ready: SessionReady | None = None
+        self._dropped = False
 
     @property
     def settled(self) -> bool:
@@ -165,6 +171,7 @@ class Session:
             send, receive = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self._pick_up(tg)
                 tg.start_soon(self._read, send)
                 tg.start_soon(self._process, receive)
                 if self.core.warm_prefix:
@@ -172,12 +179,15 @@ class Session:
                 elif self.core.config.prefix_warmup:
                     log.info("session %s: no prefix warmup, engine %r cannot keep a prefix",
                              self.id[:8], self.engine.capabilities.name)
-        except* Disconnected:
-            pass  # the client left (or an idle/closing error was sent)
+        except* Disconnected as gone:  # the client left (or an idle/closing error was sent)
+            self._dropped = gone.subgroup(lambda e: isinstance(e, Disconnected) and e.code == 1000) is None
         finally:
             with anyio.CancelScope(shield=True):
-                self.core.close()
-                await self.engine.release(self.id)
+                if self._parkable():
+                    await self.parking.park(self._resume_token, ParkedSession(self.id, self.core, self.owner, self._ready))
+                else:
+                    self.core.close()
+                    await self.engine.release(self.id)
                 await self.transport.close(self.close_code)
                 self.closed = True
                 self.observer.closed()
@@ -218,10 +228,49 @@ class Session:
                 exc = SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be session.config ({exc.message})")
             await self._fail(exc)
             return False
-        await self.send(self.core.configure(event))
+        await self._start(event)
         if self.core.detector is not None and self.voice.vad is not None:
             self._vad_stream = self.voice.vad.open_stream()
         return True
+
+    async def _start(self, config: SessionConfig) -> None:
+        """Configure a new session, or take back the parked one whose token the config carries;
+        sends ``session.ready`` (with a fresh resume token when resume is on)."""
+        parked = None
+        if config.resume_token and self.parking is not None:
+            try:
+                parked = self.parking.claim(config.resume_token, self.owner)
+            except SessionError as exc:
+                await self.report(exc)  # then a new session with this config
+        if parked is not None:
+            self.id, self.core = parked.session_id, parked.core
+            log_context.session_id.set(self.id)
+            ready = parked.ready.model_copy(update={"resumed": True, "last_frame_id": self.core.last_frame_id})
+            log.info("session resumed at frame %r", self.core.last_frame_id)
+        else:
+            ready = self.core.configure(config)
+            ready = ready.model_copy(update={"config": {k: v for k, v in ready.config.items() if k != "resume_token"}})
+        self._ready = ready.model_copy(update={"resumed": False, "last_frame_id": None})
+        if self.parking is not None:
+            self._resume_token = self.parking.new_token()
+            ready = ready.model_copy(update={"resume_token": self._resume_token})
+        await self.send(ready)
+
+    def _pick_up(self, tg: TaskGroup) -> None:
+        """A resumed session: decode the frames whose decode the drop cancelled; re-warm."""
+        for frame in self.core.buffer.frames:
+            if frame.image is None and frame.seq not in self._decoding:
+                self._decoding[frame.seq] = done = anyio.Event()
+                tg.start_soon(self._decode, frame, done)
+        if self.core.warm_prefix and self.core.buffer.frames:
+            self._warm_wanted.set()
+
+    def _parkable(self) -> bool:
+        """True when the connection dropped from a ready session that can be resumed."""
+        return (
+            self.parking is not None and self._resume_token is not None and self._ready is not None
+            and self._dropped and self.core.phase is Phase.READY and self.close_code == 1000
+        )
 
     async def _fail(self, exc: SessionError) -> None:
         """Send a closing error and close."""

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -21,9 +22,10 @@ from handlers.errors import CLOSE_CODES, ErrorCode
 from handlers.frames import live_frame_count
 from handlers.observer import Observers
 from handlers.protocol import ErrorEvent, encode
+from handlers.resume import ParkedSession, ParkingLot, digest
 from handlers.session import Session
 from handlers.transport import Disconnected
-from server.auth import AccessPolicy, warn_if_open
+from server.auth import AccessPolicy, client_key, warn_if_open
 from server.drain import drain_sessions
 from server.engines import create_engine
 from server.engines.base import Engine
@@ -47,7 +49,7 @@ class WebSocketTransport:
     async def receive(self) -> str | bytes:
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
-            raise Disconnected
+            raise Disconnected(message.get("code"))
         if message.get("text") is not None:
             return message["text"]
         return message.get("bytes") or b""
@@ -83,6 +85,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         max_answer_tokens=settings.max_answer_tokens,
     )
 
+    async def release_parked(parked: ParkedSession) -> None:
+        parked.core.close()
+        await app.state.engine.release(parked.session_id)
+
+    parking = ParkingLot(settings.resume_grace_s, settings.max_parked_sessions, release_parked)
+
+    async def sweep_parked() -> None:
+        while True:
+            await anyio.sleep(min(1.0, settings.resume_grace_s / 4))
+            await parking.sweep()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.voice = create_voice(settings)  # checks the voice settings before anything loads
@@ -91,13 +104,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         try:
             await app.state.voice.start()
             log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
-            yield
+            async with anyio.create_task_group() as tg:
+                if settings.resume_grace_s > 0:
+                    tg.start_soon(sweep_parked)
+                yield
+                tg.cancel_scope.cancel()
         finally:
+            await parking.clear()
             await app.state.voice.close()
             await app.state.engine.close()
 
     app = FastAPI(title="livesight", lifespan=lifespan)
-    app.state.metrics = metrics = Metrics(lambda: app.state.engine.kv_cache_tokens())
+    app.state.metrics = metrics = Metrics(lambda: app.state.engine.kv_cache_tokens(), parked=lambda: len(parking))
     app.state.draining = False
 
     async def drain() -> None:
@@ -126,6 +144,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             {
                 "sessions": len(sessions),
                 "sessions_busy": sum(not s.settled for s in sessions),
+                "sessions_parked": len(parking),
                 "frames_live": live_frame_count(),
                 "tasks": len(asyncio.all_tasks()),
                 "engine": getattr(app.state.engine, "stats", lambda: {})(),
@@ -153,6 +172,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         session = Session(
             transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice,
             observer=Observers(metrics.session_observer("video_chat"), SessionLog("video_chat")),
+            parking=parking if settings.resume_grace_s > 0 else None,
+            owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),
         )
         sessions.add(session)
         try:

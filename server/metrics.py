@@ -44,7 +44,9 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 class Metrics:
     """The app's metric families in their own registry (several apps in one process never collide)."""
 
-    def __init__(self, kv_cache_tokens: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(
+        self, kv_cache_tokens: Callable[[], int | None] = lambda: None, parked: Callable[[], int] = lambda: 0
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions = Gauge("livesight_sessions", "Open sessions, by wire protocol", ["protocol"], registry=r)
@@ -70,6 +72,8 @@ class Metrics:
         self.audio_out = Counter("livesight_audio_output_seconds", "Speech sent in answers", registry=r)
         kv = Gauge("livesight_kv_cache_tokens", "Tokens held in the embedded engine's KV caches", registry=r)
         kv.set_function(lambda: float(kv_cache_tokens() or 0))
+        waiting = Gauge("livesight_sessions_parked", "Dropped sessions waiting to be resumed", registry=r)
+        waiting.set_function(lambda: float(parked()))
         for protocol in PROTOCOLS:
             self.sessions.labels(protocol)
         for outcome in FRAME_OUTCOMES:

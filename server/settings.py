@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(16 * MiB, ge=1024, description="largest WebSocket message")
     max_queue: int = Field(200, ge=1, description="client messages read ahead per session")
     max_sessions: int = Field(64, ge=1, description="concurrent sessions; more are refused")
+    resume_grace_s: float = Field(
+        30.0, ge=0, description="a dropped session waits this long for its client to resume it (0: no resume)"
+    )
+    max_parked_sessions: int = Field(
+        16, ge=1, description="dropped sessions kept for resume, whole server (the oldest goes first)"
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM: how long running answers may finish before sessions close with 1012"
     )
