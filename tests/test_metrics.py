@@ -17,6 +17,7 @@ pytestmark = pytest.mark.anyio
 
 FAMILIES = {
     "livesight_sessions": "gauge",
+    "livesight_sessions_parked": "gauge",
     "livesight_frames": "counter",
     "livesight_ack_latency_seconds": "histogram",
     "livesight_ttft_seconds": "histogram",
