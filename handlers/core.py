@@ -170,6 +170,7 @@ class SessionCore:
         self.frames_received = 0
         self.frames_filtered = 0
         self.frames_shed = 0
+        self.last_frame_id: str | int | None = None  # the last frame taken (a resumed client resends after it)
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -261,6 +262,8 @@ class SessionCore:
     def accept_frame(self, event: VideoFrame, data: bytes, key: str, thumb: object, now_ms: float) -> FrameIntake:
         """Filter and buffer a frame whose bytes decoded; returns the ack and what was evicted."""
         self.frames_received += 1
+        if event.frame_id is not None:
+            self.last_frame_id = event.frame_id
         decision = self.filter.check(thumb)
         if not decision.keep:
             self.frames_filtered += 1

@@ -29,6 +29,8 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN_ORIGIN = "forbidden_origin"
     INTERNAL_ERROR = "internal_error"
+    SERVER_CLOSING = "server_closing"
+    RESUME_FAILED = "resume_failed"
 
 
 #: Codes after which the server closes the connection.
@@ -40,6 +42,7 @@ CLOSING_CODES = frozenset(
         ErrorCode.TOO_MANY_SESSIONS,
         ErrorCode.UNAUTHORIZED,
         ErrorCode.FORBIDDEN_ORIGIN,
+        ErrorCode.SERVER_CLOSING,
     }
 )
 
@@ -51,6 +54,7 @@ CLOSE_CODES = {
     ErrorCode.TOO_MANY_SESSIONS: 1013,
     ErrorCode.UNAUTHORIZED: 1008,
     ErrorCode.FORBIDDEN_ORIGIN: 1008,
+    ErrorCode.SERVER_CLOSING: 1012,  # service restart: clients reconnect (elsewhere)
 }
 
 

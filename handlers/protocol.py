@@ -5,7 +5,7 @@ Client -> server (JSON text messages, each an object with a ``type``):
     session.config   first message: model, modalities, num_frames, max_frames, system_prompt,
                      use_audio_in_video, enable_frame_filter, frame_filter_threshold, sampling,
                      sampling_params_list, voice, speech_rate, turn_detection,
-                     frame_timestamps, prefix_warmup
+                     frame_timestamps, prefix_warmup, resume_token
                      (aliases: num_sample_frames, evs_enabled, evs_threshold)
     video.frame      data (base64 JPEG/PNG/WebP), frame_id, pts_ms, source_pts_ms,
                      capture_ts_ms, quality_profile
@@ -20,6 +20,7 @@ Server -> client:
     session.ready, video.frame.ack, video.frames.consumed, response.start,
     response.text.delta, response.text.done, response.output_audio.delta,
     response.output_audio.done, response.done, session.done, error, pong,
+    session.closing                                           (server shutdown: drain)
     input_audio.speech_started, input_audio.speech_stopped   (server turn detection)
     input_audio.transcript                                    (a spoken question as text)
 
@@ -133,6 +134,7 @@ class SessionConfig(_ClientEvent):
     turn_detection: TurnDetection | None = None
     frame_timestamps: bool = True
     prefix_warmup: bool = True
+    resume_token: str | None = Field(None, max_length=200)
 
     @model_validator(mode="before")
     @classmethod
@@ -286,6 +288,9 @@ class SessionReady(ServerEvent):
     capabilities: dict[str, Any]
     ignored_fields: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    resume_token: str | None = None  # send it in session.config to get this session back after a drop
+    resumed: bool = False
+    last_frame_id: FrameId | None = None  # resumed: the last frame the server took
 
 
 class FrameAck(ServerEvent):
@@ -404,6 +409,15 @@ class InputAudioTranscript(ServerEvent):
 
 class SessionDone(ServerEvent):
     type: Literal["session.done"] = "session.done"
+
+
+class SessionClosing(ServerEvent):
+    """The server is shutting down: the running answer may finish; the connection closes with
+    1012 within ``deadline_ms`` (reconnect, to another server when there is one)."""
+
+    type: Literal["session.closing"] = "session.closing"
+    deadline_ms: int
+    reason: Literal["server_shutdown"] = "server_shutdown"
 
 
 class ErrorEvent(ServerEvent):

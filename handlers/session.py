@@ -33,7 +33,7 @@ from functools import partial
 import anyio
 from anyio.abc import TaskGroup
 
-from handlers import blocking
+from handlers import blocking, log_context
 from handlers.core import (
     FrameIntake,
     Limits,
@@ -45,6 +45,9 @@ from handlers.core import (
 )
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
 from handlers.intake import Admission, IntakeLimits, ReadAhead, decode_prepared, prepare_frame
+from handlers.frames import Frame, content_key
+from handlers.observer import SessionObserver
+from handlers.resume import ParkedSession, ParkingLot
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -60,8 +63,10 @@ from handlers.protocol import (
     ResponseTextDelta,
     ResponseTextDone,
     ServerEvent,
+    SessionClosing,
     SessionConfig,
     SessionDone,
+    SessionReady,
     Timings,
     UsageInfo,
     VideoDone,
@@ -118,6 +123,7 @@ class Session:
     def __init__(
         self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None,
         *, intake: IntakeLimits | None = None, read_ahead: ReadAhead | None = None, admission: Admission | None = None,
+        observer: SessionObserver | None = None, parking: ParkingLot | None = None, owner: str = "",
     ) -> None:
         self.id = uuid.uuid4().hex
         self.intake = intake or IntakeLimits()
@@ -125,6 +131,7 @@ class Session:
         self.admission = admission or Admission(max_sessions=1 << 30, max_pending=1 << 30)
         self.read_ahead_bytes = 0  # this session's bytes read but not yet handled
         self.waiting_messages = 0  # read, not yet handled: the session is not idle while > 0
+        self.observer = observer or SessionObserver()
         self.transport = transport
         self.engine = engine
         self.voice = voice or Voice()
@@ -140,6 +147,12 @@ class Session:
         self._warm_idle.set()
         self._tg: TaskGroup | None = None
         self.closed = False
+        self.close_code = 1000
+        self.ended = anyio.Event()
+        self.parking, self.owner = parking, owner  # resume: where a dropped session waits; its key's digest
+        self._resume_token: str | None = None
+        self._ready: SessionReady | None = None
+        self._dropped = False
 
     @property
     def settled(self) -> bool:
@@ -150,12 +163,15 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         """Serve the connection until it ends; never raises for client behaviour."""
+        context = log_context.session_id.set(self.id)
+        self.observer.opened()
         try:
             if not await self._configure():
                 return
             send, receive = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self._pick_up(tg)
                 tg.start_soon(self._read, send)
                 tg.start_soon(self._process, receive)
                 if self.core.warm_prefix:
@@ -163,17 +179,40 @@ class Session:
                 elif self.core.config.prefix_warmup:
                     log.info("session %s: no prefix warmup, engine %r cannot keep a prefix",
                              self.id[:8], self.engine.capabilities.name)
-        except* Disconnected:
-            pass  # the client left (or an idle/closing error was sent)
+        except* Disconnected as gone:  # the client left (or an idle/closing error was sent)
+            self._dropped = gone.subgroup(lambda e: isinstance(e, Disconnected) and e.code == 1000) is None
         finally:
             with anyio.CancelScope(shield=True):
                 self.admission.release(self.id)
                 self.server_read_ahead.give(self.read_ahead_bytes)
                 self.read_ahead_bytes = 0
-                self.core.close()
-                await self.engine.release(self.id)
-                await self.transport.close(1000)
+                if self._parkable():
+                    await self.parking.park(self._resume_token, ParkedSession(self.id, self.core, self.owner, self._ready))
+                else:
+                    self.core.close()
+                    await self.engine.release(self.id)
+                await self.transport.close(self.close_code)
                 self.closed = True
+                self.observer.closed()
+                self.ended.set()
+                log_context.session_id.reset(context)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Server shutdown: send ``session.closing``, let the running answer (and any that the
+        client still starts) finish for at most ``timeout_s``, then close with 1012."""
+        self.close_code = 1012
+        try:
+            await self.send(SessionClosing(deadline_ms=round(timeout_s * 1000)))
+        except Disconnected:
+            pass
+        with anyio.move_on_after(timeout_s):
+            while (turn := self.turn) is not None:
+                await turn.done.wait()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()  # run() closes the transport with close_code
+        else:
+            await self.transport.close(self.close_code)  # still awaiting session.config
+        await self.ended.wait()
 
     async def _configure(self) -> bool:
         """Wait for ``session.config``; returns False when the session must close."""
@@ -203,10 +242,45 @@ class Session:
                 ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {self.admission.max_sessions} sessions"
             ))
             return False
-        await self.send(self.core.configure(event))
+        await self._start(event)
         if self.core.detector is not None and self.voice.vad is not None:
             self._vad_stream = self.voice.vad.open_stream()
         return True
+
+    async def _start(self, config: SessionConfig) -> None:
+        """Configure a new session, or take back the parked one whose token the config carries;
+        sends ``session.ready`` (with a fresh resume token when resume is on)."""
+        parked = None
+        if config.resume_token and self.parking is not None:
+            try:
+                parked = self.parking.claim(config.resume_token, self.owner)
+            except SessionError as exc:
+                await self.report(exc)  # then a new session with this config
+        if parked is not None:
+            self.id, self.core = parked.session_id, parked.core
+            log_context.session_id.set(self.id)
+            ready = parked.ready.model_copy(update={"resumed": True, "last_frame_id": self.core.last_frame_id})
+            log.info("session resumed at frame %r", self.core.last_frame_id)
+        else:
+            ready = self.core.configure(config)
+            ready = ready.model_copy(update={"config": {k: v for k, v in ready.config.items() if k != "resume_token"}})
+        self._ready = ready.model_copy(update={"resumed": False, "last_frame_id": None})
+        if self.parking is not None:
+            self._resume_token = self.parking.new_token()
+            ready = ready.model_copy(update={"resume_token": self._resume_token})
+        await self.send(ready)
+
+    def _pick_up(self, tg: TaskGroup) -> None:
+        """A resumed session: re-warm its buffer (every buffered frame was decoded at intake)."""
+        if self.core.warm_prefix and self.core.buffer.frames:
+            self._warm_wanted.set()
+
+    def _parkable(self) -> bool:
+        """True when the connection dropped from a ready session that can be resumed."""
+        return (
+            self.parking is not None and self._resume_token is not None and self._ready is not None
+            and self._dropped and self.core.phase is Phase.READY and self.close_code == 1000
+        )
 
     async def _fail(self, exc: SessionError) -> None:
         """Send a closing error and close."""
@@ -218,6 +292,7 @@ class Session:
     async def send(self, event: ServerEvent) -> None:
         async with self._send_lock:
             await self.transport.send(encode(event))
+        self.observer.sent(event)
 
     async def report(self, exc: SessionError) -> None:
         """The one place a ``SessionError`` becomes an ``error`` event."""
@@ -235,6 +310,7 @@ class Session:
                 except SessionError as exc:
                     await self.report(exc)
                     continue
+                self.observer.received(event)
                 if isinstance(event, Ping):
                     await self.send(Pong())
                 elif isinstance(event, ResponseCancel):
@@ -267,6 +343,7 @@ class Session:
 
     async def _shed(self, event: VideoFrame) -> None:
         ack = self.core.shed_frame(event, now_ms())
+        self.observer.frames("shed")
         if ack is not None:
             await self.send(ack)
 
@@ -320,6 +397,8 @@ class Session:
             await self._shed(event)
             return
         intake: FrameIntake = self.core.accept_frame(event, prepared.raw, prepared.key, prepared.thumb, receive_ms)
+        self.observer.frames("accepted" if intake.frame is not None else "filtered")
+        self.observer.frames("evicted", len(intake.evicted))
         if intake.frame is not None:
             intake.frame.image = prepared.image
             intake.frame.decode_ms = prepared.decode_ms
@@ -418,6 +497,7 @@ class Session:
 
     async def _answer(self, turn: Turn) -> None:
         plan = turn.plan
+        log_context.request_id.set(plan.request_id)  # this task's own context: log lines name the answer
         started = turn.received
         status, reason, usage = "interrupted", None, UsageInfo()
         ttft = None

@@ -6,7 +6,11 @@ from typing import Protocol
 
 
 class Disconnected(Exception):
-    """The client went away."""
+    """The client went away; ``code`` is its close code when it sent one (1000: it is done)."""
+
+    def __init__(self, code: int | None = None) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Transport(Protocol):

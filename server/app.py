@@ -11,8 +11,9 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
@@ -21,13 +22,18 @@ from handlers.core import Limits
 from handlers.errors import CLOSE_CODES, ErrorCode
 from handlers.frames import live_frame_count
 from handlers.intake import Admission, IntakeLimits, ReadAhead
+from handlers.observer import Observers
 from handlers.protocol import ErrorEvent, encode
+from handlers.resume import ParkedSession, ParkingLot, digest
 from handlers.session import Session
 from handlers.transport import Disconnected
-from server.auth import AccessPolicy, warn_if_open
+from server.auth import AccessPolicy, client_key, warn_if_open
+from server.drain import drain_sessions
 from server.engines import create_engine
 from server.engines.base import Engine
 from server.memory import MemoryReturn
+from server.logs import SessionLog
+from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
 from server.speech import create_voice
 
@@ -48,7 +54,7 @@ class WebSocketTransport:
     async def receive(self) -> str | bytes:
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
-            raise Disconnected
+            raise Disconnected(message.get("code"))
         if message.get("text") is not None:
             return message["text"]
         return message.get("bytes") or b""
@@ -95,6 +101,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     admission = Admission(settings.max_sessions, settings.max_pending_connections)
     memory = MemoryReturn()
 
+    async def release_parked(parked: ParkedSession) -> None:
+        parked.core.close()
+        await app.state.engine.release(parked.session_id)
+
+    parking = ParkingLot(settings.resume_grace_s, settings.max_parked_sessions, release_parked)
+
+    async def sweep_parked() -> None:
+        while True:
+            await anyio.sleep(min(1.0, settings.resume_grace_s / 4))
+            await parking.sweep()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.voice = create_voice(settings)  # checks the voice settings before anything loads
@@ -112,19 +129,39 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             # the ack latency under load. 0.5 ms keeps the loop responsive.
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
             log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
-            yield
+            async with anyio.create_task_group() as tg:
+                if settings.resume_grace_s > 0:
+                    tg.start_soon(sweep_parked)
+                yield
+                tg.cancel_scope.cancel()
         finally:
+            await parking.clear()
             await app.state.voice.close()
             await app.state.engine.close()
 
     app = FastAPI(title="livesight", lifespan=lifespan)
+    app.state.metrics = metrics = Metrics(lambda: app.state.engine.kv_cache_tokens(), parked=lambda: len(parking))
+    app.state.draining = False
+
+    async def drain() -> None:
+        """Refuse new sessions; close the open ones gracefully (server/drain.py)."""
+        app.state.draining = True
+        await drain_sessions(sessions, settings.drain_timeout_s)
+
+    app.state.drain = drain
 
     @app.get("/healthz")
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "engine": asdict(app.state.engine.capabilities), "sessions": len(sessions)}
 
     @app.get("/metrics")
-    async def metrics(request: Request) -> JSONResponse:
+    async def prometheus_metrics(request: Request) -> Response:
+        if not access.http_key(request.headers, request.query_params):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/metrics.json")
+    async def summary(request: Request) -> JSONResponse:
         if not access.http_key(request.headers, request.query_params):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         gc.collect()
@@ -135,6 +172,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "sessions_active": len(admission.active),
                 "connections_pending": admission.pending,
                 "read_ahead_bytes": read_ahead.used,
+                "sessions_parked": len(parking),
                 "frames_live": live_frame_count(),
                 "tasks": len(asyncio.all_tasks()),
                 "engine": getattr(app.state.engine, "stats", lambda: {})(),
@@ -148,12 +186,20 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         transport = WebSocketTransport(ws, settings.max_message_bytes)
         if verdict.refusal is not None:
             log.info("refused a connection: %s", verdict.refusal.value)
+            metrics.refused(verdict.refusal)
             await _refuse(transport, verdict.refusal, verdict.message)
+            return
+        if app.state.draining:
+            metrics.refused(ErrorCode.SERVER_CLOSING)
+            await _refuse(transport, ErrorCode.SERVER_CLOSING, "the server is shutting down; connect again")
             return
         # Not counted against max_sessions until it sends a valid session.config (Admission).
         session = Session(
             transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice,
             intake=intake, read_ahead=read_ahead, admission=admission,
+            observer=Observers(metrics.session_observer("video_chat"), SessionLog("video_chat")),
+            parking=parking if settings.resume_grace_s > 0 else None,
+            owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),
         )
         sessions.add(session)
         try:

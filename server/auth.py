@@ -84,6 +84,11 @@ def warn_if_open(host: str, policy: AccessPolicy) -> bool:
     return True
 
 
+def client_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:
+    """The API key a connection presents (any of the accepted ways), or None."""
+    return _presented_key(headers, query, subprotocols)
+
+
 def _presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")

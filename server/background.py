@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from server.app import WS_PATH, create_app
+from server.drain import DrainingServer
 from server.engines.base import Engine
 from server.listener import uvicorn_config
 from server.settings import Settings
@@ -41,7 +42,7 @@ def run_server(settings: Settings, engine: Engine | None = None, start_timeout_s
     """
     app = create_app(settings, engine)
     config = uvicorn_config(app, settings, port=0, log_level="warning")
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.drain)
     thread = threading.Thread(target=server.run, name="livesight-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -50,7 +50,7 @@ def bench_frame(i: int, size: tuple[int, int] = (320, 240)) -> str:
 
 async def _wait_idle(http: httpx.AsyncClient, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
-    while (await http.get("/metrics")).json()["sessions_busy"]:
+    while (await http.get("/metrics.json")).json()["sessions_busy"]:
         if time.monotonic() > deadline:
             raise TimeoutError("the server did not settle")
         await asyncio.sleep(0.02)

@@ -33,10 +33,13 @@ def serve(settings: Settings) -> None:
 
     from server.app import create_app
     from server.listener import uvicorn_config
+    from server.drain import DrainingServer
+    from server.logs import configure_logging
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
-    uvicorn.Server(uvicorn_config(app, settings)).run()
+    config = uvicorn_config(app, settings, log_config=None)  # uvicorn's loggers go to configure_logging's handler
+    DrainingServer(config, app.state.drain).run()  # SIGTERM: drain the sessions, then stop
 
 
 def _add_stream_flags(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,13 @@
         await answer.wait()
         print(answer.text, answer.ttft_ms)
 
+When the connection drops (anything but a normal close), the client reconnects and resumes
+its session with the ``resume_token`` of ``session.ready`` (the server's ``resume_grace_s``):
+the answers that were running end as ``interrupted``, and the frames the server had not taken
+yet (after ``session.ready.last_frame_id``) are sent again from a short replay buffer. When
+the session cannot be resumed (another server after a restart), a new one starts with the
+same config and the replay buffer. ``resumes`` counts the reconnections.
+
 ``stream_source`` plays frames from a video file or an image folder into a client at their
 own pace (``speed`` times real time) and asks questions at chosen video times.
 """
@@ -22,7 +29,7 @@ import re
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +42,8 @@ from PIL import Image
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp"})
 # A question without a `response.start` gets one of these instead (the server answers in order).
 _REFUSALS = frozenset({"no_frames", "invalid_audio"})
+RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # about 16 s in all: within the default grace of 30 s
+Opener = Callable[[dict[str, Any]], Awaitable[tuple[Any, dict[str, Any]]]]
 
 
 class StreamError(Exception):
@@ -114,9 +123,15 @@ class FrameStats:
 class StreamClient:
     """One livesight session. Create it with ``StreamClient.connect``."""
 
-    def __init__(self, ws: Any, ready: dict[str, Any]) -> None:
+    def __init__(self, ws: Any, ready: dict[str, Any], reopen: Opener | None = None, replay_frames: int = 64) -> None:
         self.ws = ws
         self.ready = ready
+        self.resumes = 0
+        self._reopen = reopen  # opens a session (with extra config fields); None: no reconnection
+        self._replay: deque[dict[str, Any]] = deque(maxlen=replay_frames)  # recent video.frame messages
+        self._connected = asyncio.Event()
+        self._connected.set()
+        self._closing = False
         self.frames = FrameStats()
         self.errors: list[dict[str, Any]] = []
         self._waiting: deque[Answer] = deque()
@@ -127,28 +142,45 @@ class StreamClient:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, url: str, config: dict[str, Any] | None = None, *, api_key: str | None = None, open_timeout: float = 30
+        cls, url: str, config: dict[str, Any] | None = None, *, api_key: str | None = None, open_timeout: float = 30,
+        resume: bool = True, replay_frames: int = 64,
     ) -> AsyncIterator[StreamClient]:
         """Open a session with ``config`` (the ``session.config`` fields); closes it on exit.
+        With ``resume``, a dropped connection is resumed (see the module docstring).
 
         Raises ``StreamError`` when the server refuses the session, ``OSError`` or
         ``websockets.InvalidURI``/``InvalidHandshake`` when it cannot be reached.
         """
         if api_key:
             url += ("&" if "?" in url else "?") + "api_key=" + quote(api_key, safe="")
-        async with websockets.connect(url, max_size=None, open_timeout=open_timeout) as ws:
-            await ws.send(json.dumps({"type": "session.config", **(config or {})}))
-            first = json.loads(await asyncio.wait_for(ws.recv(), open_timeout))
-            if first.get("type") != "session.ready":
-                raise StreamError(first.get("code", "unexpected"), first.get("message", str(first)[:200]))
-            client = cls(ws, first)
+
+        async def open_session(extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            ws = await websockets.connect(url, max_size=None, open_timeout=open_timeout)
+            try:
+                await ws.send(json.dumps({"type": "session.config", **(config or {}), **extra}))
+                first = json.loads(await asyncio.wait_for(ws.recv(), open_timeout))
+                if first.get("code") == "resume_failed":  # a new session follows
+                    first = json.loads(await asyncio.wait_for(ws.recv(), open_timeout))
+                if first.get("type") != "session.ready":
+                    raise StreamError(first.get("code", "unexpected"), first.get("message", str(first)[:200]))
+            except BaseException:
+                await ws.close()
+                raise
+            return ws, first
+
+        ws, ready = await open_session({})
+        client = cls(ws, ready, open_session if resume else None, replay_frames)
+        try:
             async with asyncio.TaskGroup() as tg:
                 reader = tg.create_task(client._read())
                 try:
                     yield client
                 finally:
-                    await ws.close()
+                    client._closing = True
+                    await client.ws.close()
                     await reader
+        finally:
+            await client.ws.close()
 
     # ------------------------------------------------------------------ sending
     async def send_frame(
@@ -158,7 +190,7 @@ class StreamClient:
         if frame_id is None:
             self._frame_seq += 1
             frame_id = self._frame_seq
-        await self._send(
+        message = dict(
             type="video.frame",
             data=base64.b64encode(image).decode("ascii"),
             frame_id=frame_id,
@@ -166,7 +198,14 @@ class StreamClient:
             capture_ts_ms=round(time.time() * 1000, 1),
             **fields,
         )
+        self._replay.append(message)
         self.frames.sent += 1
+        await self._connected.wait()
+        try:
+            await self.ws.send(json.dumps(message))
+        except websockets.ConnectionClosed:
+            if self._reopen is None:
+                raise  # with resume on, the replay buffer sends it again
         return frame_id
 
     async def send_audio(self, pcm16: bytes) -> None:
@@ -196,22 +235,64 @@ class StreamClient:
             await self._session_done.wait()
 
     async def _send(self, **message: Any) -> None:
-        await self.ws.send(json.dumps(message))
+        """Send a message; while a dropped connection is being resumed, wait for it first."""
+        await self._connected.wait()
+        try:
+            await self.ws.send(json.dumps(message))
+        except websockets.ConnectionClosed:
+            if self._reopen is None:
+                raise
+            await asyncio.sleep(0)  # let the reader see the drop and start resuming
+            await self._connected.wait()
+            await self.ws.send(json.dumps(message))
 
     # ------------------------------------------------------------------ receiving
     async def _read(self) -> None:
         try:
-            async for raw in self.ws:
-                self._on_event(json.loads(raw))
-        except websockets.ConnectionClosed:
-            pass
+            while True:
+                try:
+                    async for raw in self.ws:
+                        self._on_event(json.loads(raw))
+                except websockets.ConnectionClosed:
+                    pass
+                dropped = self.ws.close_code != 1000 and not self._closing and not self._session_done.is_set()
+                if not (dropped and self._reopen is not None and await self._resume()):
+                    return
         finally:
+            self._connected.set()  # nothing waits for a connection that will not come back
             for answer in [*self._waiting, *self._running.values()]:
                 answer.error = answer.error or "the connection closed"
                 answer._finish(answer.status or "failed")
             self._waiting.clear()
             self._running.clear()
             self._session_done.set()
+
+    async def _resume(self) -> bool:
+        """Reconnect after a drop: resume the session (or start a new one) and resend the frames
+        the server did not take. Returns False when no connection could be opened."""
+        self._connected.clear()
+        for answer in [*self._waiting, *self._running.values()]:
+            answer.error = "the connection dropped"
+            answer._finish("interrupted")
+        self._waiting.clear()
+        self._running.clear()
+        token = self.ready.get("resume_token")
+        for delay in RECONNECT_DELAYS_S:
+            await asyncio.sleep(delay)
+            try:
+                ws, ready = await self._reopen({"resume_token": token} if token else {})
+            except (OSError, TimeoutError, websockets.WebSocketException, StreamError):
+                continue
+            self.ws, self.ready = ws, ready
+            self.resumes += 1
+            frames = list(self._replay)
+            ids = [m["frame_id"] for m in frames]
+            taken = ready.get("last_frame_id") if ready.get("resumed") else None
+            for message in frames[ids.index(taken) + 1 :] if taken in ids else frames:
+                await ws.send(json.dumps(message))
+            self._connected.set()
+            return True
+        return False
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -98,8 +98,11 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
         self.close_timer = self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
 
 
-def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None, log_level: str | None = None) -> uvicorn.Config:
-    """The uvicorn configuration for ``app`` under ``settings`` (``port`` overrides the setting)."""
+def uvicorn_config(
+    app: Any, settings: Settings, *, port: int | None = None, log_level: str | None = None, **extra: Any
+) -> uvicorn.Config:
+    """The uvicorn configuration for ``app`` under ``settings`` (``port`` overrides the setting;
+    ``extra`` goes to ``uvicorn.Config`` as it is)."""
     protocol = type(
         "LivesightWebSocketProtocol",
         (BoundedWebSocketProtocol,),
@@ -116,4 +119,5 @@ def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None, log
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=settings.ws_ping_timeout_s,
         ws_per_message_deflate=settings.ws_compression,
+        **extra,
     )

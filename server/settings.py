@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     trust_remote_code: bool = Field(False, description="allow model code shipped with the model")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="where the demo model is generated")
     log_level: str = Field("info", description="logging level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="log lines as text or as JSON objects; both carry the session and request ids"
+    )
 
     config_timeout_s: float = Field(10.0, gt=0, description="deadline for the first message")
     idle_timeout_s: float = Field(
@@ -48,6 +51,15 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(16 * MiB, ge=1024, description="largest WebSocket message")
     max_queue: int = Field(200, ge=1, description="client messages read ahead per session")
     max_sessions: int = Field(64, ge=1, description="concurrent sessions; more are refused")
+    resume_grace_s: float = Field(
+        30.0, ge=0, description="a dropped session waits this long for its client to resume it (0: no resume)"
+    )
+    max_parked_sessions: int = Field(
+        16, ge=1, description="dropped sessions kept for resume, whole server (the oldest goes first)"
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM: how long running answers may finish before sessions close with 1012"
+    )
     max_image_side: int = Field(
         1024, ge=32, description="frames are decoded at most this large (the model may ask for less)"
     )
@@ -124,7 +136,7 @@ class Settings(BaseSettings):
         None, gt=0, le=1, description="vLLM: fraction of each GPU's memory it may take (none: vLLM's default)"
     )
     kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="vLLM: KV-cache size in bytes, instead of a memory fraction (needed on CPU)"
+        None, ge=1, description="vLLM: KV-cache size in bytes, instead of a memory fraction (CPU, unset: 25% of free memory)"
     )
     enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs or compilation (starts faster, runs slower)")
     max_images_per_prompt: int = Field(

@@ -21,7 +21,7 @@ LONG_QUESTION = "the " * 4900  # ~4,900 tokens: over the test engines' max_model
 
 async def livesight_metrics(server: RunningServer) -> dict:
     async with httpx.AsyncClient(base_url=server.http_url) as http:
-        return (await http.get("/metrics")).json()
+        return (await http.get("/metrics.json")).json()
 
 
 async def settle(server: RunningServer, timeout_s: float = 60) -> None:

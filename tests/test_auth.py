@@ -102,6 +102,7 @@ async def test_metrics_need_the_key_health_does_not(guarded: RunningServer) -> N
     async with httpx.AsyncClient(base_url=guarded.http_url) as http:
         assert (await http.get("/healthz")).status_code == 200
         assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/metrics.json")).status_code == 401
         assert (await http.get("/metrics", headers={"X-API-Key": "key-two"})).status_code == 200
 
 

@@ -73,3 +73,31 @@ def test_dockerfile_builds_on_vllm_image_and_keeps_its_torch() -> None:
     names = {script["requirement_name"](r) for r in requirements}
     assert "fastapi" in names and "httpx" in names
     assert not names & {"torch", "transformers", "tokenizers"}
+
+
+def test_monitoring_profile_adds_prometheus_and_grafana() -> None:
+    """The `monitoring` profile: Prometheus scraping livesight, Grafana with its provisioning files present."""
+    config = _config("docker-compose.yml", MODEL=MODEL, LIVESIGHT_API_KEYS="k1,k2")
+    prometheus, grafana = config["services"]["prometheus"], config["services"]["grafana"]
+    assert prometheus["profiles"] == ["monitoring"] and grafana["profiles"] == ["monitoring"]
+    assert "profiles" not in config["services"]["livesight"]  # the default `up` is unchanged
+    assert prometheus["environment"]["LIVESIGHT_KEYS"] == "k1,k2"
+    for service in (prometheus, grafana):
+        for volume in service["volumes"]:
+            source = str(volume).split(":")[0]
+            if source.startswith("/"):  # a bind mount: the file or folder must be in the repository
+                assert Path(source).exists(), source
+    scrape = yaml.safe_load((DOCKER / "monitoring" / "prometheus.yml").read_text())
+    (livesight_job,) = [j for j in scrape["scrape_configs"] if j["job_name"] == "livesight"]
+    assert livesight_job["static_configs"][0]["targets"] == ["livesight:8000"]
+    assert livesight_job["metrics_path"] == "/metrics"
+
+
+def test_stop_grace_period_outlasts_the_drain() -> None:
+    """Both compose files give the server longer to stop than its drain timeout (plus margin)."""
+    for name in ("docker-compose.yml", "docker-compose.single.yml"):
+        service = _config(name, MODEL=MODEL)["services"]["livesight"]
+        grace = str(service["stop_grace_period"])
+        assert grace.endswith("s") and grace[:-1].isdigit(), grace
+        drain = float(service["environment"]["LIVESIGHT_DRAIN_TIMEOUT_S"])
+        assert int(grace[:-1]) >= drain + 5, (name, grace, drain)

@@ -179,3 +179,29 @@ async def test_session_end_leaves_nothing_behind() -> None:
 
     gc.collect()
     assert live_frame_count() == 0
+
+
+async def test_drain_deadline_interrupts_a_long_answer_and_closes_1012() -> None:
+    """An answer still running at the drain deadline ends interrupted; the session closes with 1012."""
+    engine = ScriptedEngine(words=["w "] * 500, step_s=0.02)
+    events = []
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 1)
+        await t.put(type="video.query", text="long?")
+        await t.get_type("response.text.delta")
+        with anyio.fail_after(5):
+            await s.drain(0.2)
+        while True:
+            try:
+                events.append(await t.get(1))
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        assert t.closed_with == 1012 and s.closed
+
+    await _run(engine, body)
+    kinds = [e["type"] for e in events]
+    assert "session.closing" in kinds and kinds[-1] == "response.done", kinds
+    assert events[-1]["status"] == "interrupted"
+    assert next(e for e in events if e["type"] == "session.closing")["deadline_ms"] == 200
+    assert not engine.running

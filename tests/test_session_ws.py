@@ -367,7 +367,7 @@ async def _wait_for_quiet(server: RunningServer, timeout: float = 30) -> dict:
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
-            metrics = (await http.get("/metrics")).json()
+            metrics = (await http.get("/metrics.json")).json()
             if metrics["sessions"] == 0 and metrics["frames_live"] == 0:
                 return metrics
             if asyncio.get_running_loop().time() > deadline:
@@ -378,7 +378,7 @@ async def _wait_for_quiet(server: RunningServer, timeout: float = 30) -> dict:
 async def test_twenty_concurrent_sessions_and_nothing_left_behind(server: RunningServer) -> None:
     """20 sessions at once all get answers; afterwards no session, frame or task is left."""
     async with httpx.AsyncClient(base_url=server.http_url) as http:
-        baseline = (await http.get("/metrics")).json()
+        baseline = (await http.get("/metrics.json")).json()
 
     async def one(i: int) -> str:
         client, _ = await connect(server, sampling={"max_tokens": 3}, prefix_warmup=i % 2 == 0)

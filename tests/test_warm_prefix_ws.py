@@ -28,7 +28,7 @@ def sharp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 async def _settle(server: RunningServer) -> None:
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         for _ in range(2000):
-            if not (await http.get("/metrics")).json()["sessions_busy"]:
+            if not (await http.get("/metrics.json")).json()["sessions_busy"]:
                 return
             await asyncio.sleep(0.01)
     raise AssertionError("server did not settle")

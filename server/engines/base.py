@@ -155,3 +155,7 @@ class Engine(ABC):
 
     async def release(self, session_id: str) -> None:
         """Forget everything cached for a session (it has ended)."""
+
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens this engine holds in its KV caches now, or None when the cache lives elsewhere."""
+        return None

@@ -136,4 +136,4 @@ class CacheBudget:
 
     @property
     def total_tokens(self) -> int:
-        return sum(c.length for c in self._caches.values())
+        return sum(c.length for c in list(self._caches.values()))  # list(): another thread may add one

@@ -101,6 +101,10 @@ class TransformersEngine(Engine):
     async def release(self, session_id: str) -> None:
         await self._run(self.budget.drop, session_id)
 
+    def kv_cache_tokens(self) -> int:
+        """Tokens in every session's KV cache (read without the model thread: a snapshot)."""
+        return self.budget.total_tokens
+
     # ------------------------------------------------------------------ requests
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
         """Extend the session's cache over ``prompt``; returns the cached token count.

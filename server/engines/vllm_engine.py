@@ -64,6 +64,14 @@ _HELD_KEYS = 8192  # content keys of images vLLM was handed (a forgotten one is 
 class _ImagesLost(EngineError):
     """vLLM does not hold an image a request named by uuid alone."""
 
+MiB = 1024 * 1024
+# On a CPU, with no KV size given, the cache takes this share of the memory available at
+# start-up, within these bounds (vLLM's own default, 92% of all memory, fails beside other
+# processes).
+CPU_KV_SHARE = 0.25
+CPU_KV_MIN_BYTES = 256 * MiB
+CPU_KV_MAX_BYTES = 8 * 1024 * MiB
+
 
 class VllmEngine(Engine):
     """vLLM's ``AsyncLLM`` behind the livesight engine interface."""
@@ -111,6 +119,7 @@ class VllmEngine(Engine):
 
         try:
             processor = await anyio.to_thread.run_sync(load_processor, self.model_path, self.trust_remote_code)
+            self.engine_args = with_cpu_kv_default(self.engine_args)
             args = AsyncEngineArgs(**self.engine_args)
             # Building the engine spawns its processes and waits for them: off the event loop.
             self._llm = await anyio.to_thread.run_sync(AsyncLLM.from_engine_args, args)
@@ -326,6 +335,44 @@ def _engine_error(exc: BaseException) -> EngineError:
     if isinstance(exc, EngineError):
         return exc
     return EngineError(f"vLLM: {type(exc).__name__}: {exc}")
+
+
+def cpu_kv_cache_bytes(available_bytes: int) -> int:
+    """The KV-cache size for a CPU machine with ``available_bytes`` free: a share, bounded, whole MiB."""
+    size = min(max(int(available_bytes * CPU_KV_SHARE), CPU_KV_MIN_BYTES), CPU_KV_MAX_BYTES)
+    return size // MiB * MiB
+
+
+def with_cpu_kv_default(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """``engine_args`` plus a ``kv_cache_memory_bytes`` sized to this machine, on vLLM's CPU
+    platform when no KV size or memory fraction was given (nor ``VLLM_CPU_KVCACHE_SPACE``)."""
+    import os
+
+    import psutil
+    from vllm.platforms import current_platform
+
+    given = engine_args.get("kv_cache_memory_bytes") is not None or engine_args.get("gpu_memory_utilization") is not None
+    if given or not current_platform.is_cpu() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return engine_args
+    available = min(psutil.virtual_memory().available, _memory_node_available())
+    size = cpu_kv_cache_bytes(available)
+    log.info(
+        "vLLM on CPU: KV cache %d MiB (%.0f%% of %d MiB available; set kv_cache_memory_bytes to choose)",
+        size // MiB, CPU_KV_SHARE * 100, available // MiB,
+    )
+    return {**engine_args, "kv_cache_memory_bytes": size}
+
+
+def _memory_node_available() -> int:
+    """Free memory on the NUMA node vLLM's CPU worker allocates from (it checks the KV size
+    against that node, not the whole machine); unbounded when vLLM cannot say."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+        node = get_allowed_cpu_list()[0].numa_node
+        return get_memory_node_info(max(node, 0)).available_memory
+    except (ImportError, AttributeError, IndexError, OSError, KeyError, ValueError):
+        return 1 << 62
 
 
 def _describe(args: dict[str, Any]) -> str:

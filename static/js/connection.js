@@ -1,4 +1,5 @@
-// The WebSocket session: connect, send session.config, reconnect after a dropped connection.
+// The WebSocket session: connect, send session.config, reconnect after a dropped connection
+// (resuming the same session with its resume_token when the server keeps dropped sessions).
 
 /** Close-time error codes after which reconnecting cannot help. */
 const FINAL_ERRORS = new Set(["invalid_config", "unauthorized", "forbidden_origin"]);
@@ -25,6 +26,7 @@ export class Connection {
     this.retryTimer = null;
     this.finalError = null;
     this.wanted = false;
+    this.resumeToken = null; // from the last session.ready: a reconnect takes the same session back
   }
 
   get ready() {
@@ -46,6 +48,7 @@ export class Connection {
     this.wanted = true;
     this.finalError = null;
     this.attempt = 0;
+    this.resumeToken = null; // a new session on purpose (new settings)
     this.connect();
   }
 
@@ -68,7 +71,8 @@ export class Connection {
     this.setState("connecting");
     const ws = new WebSocket(url.href);
     this.ws = ws;
-    ws.onopen = () => ws.send(JSON.stringify({ type: "session.config", ...this.hooks.config() }));
+    const resume = this.resumeToken ? { resume_token: this.resumeToken } : {};
+    ws.onopen = () => ws.send(JSON.stringify({ type: "session.config", ...this.hooks.config(), ...resume }));
     ws.onmessage = (message) => this.receive(message.data);
     ws.onclose = (event) => this.dropped(ws, event);
   }
@@ -82,6 +86,7 @@ export class Connection {
     }
     if (event.type === "session.ready") {
       this.attempt = 0;
+      this.resumeToken = event.resume_token ?? null;
       this.setState("ready");
     } else if (event.type === "error" && event.closes_session && FINAL_ERRORS.has(event.code)) {
       this.finalError = event;
