@@ -282,6 +282,8 @@ class FramesConsumed(ServerEvent):
 class ResponseStart(ServerEvent):
     type: Literal["response.start"] = "response.start"
     request_id: str
+    #: The answer's output modalities: for other codecs; v1 announces them in session.ready.
+    modalities: list[str] = Field(default_factory=lambda: ["text"], exclude=True)
 
 
 class ResponseTextDelta(ServerEvent):

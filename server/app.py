@@ -19,7 +19,9 @@ from handlers import blocking
 from handlers.core import Limits
 from handlers.errors import CLOSE_CODES, ErrorCode
 from handlers.frames import live_frame_count
-from handlers.protocol import ErrorEvent, encode
+from handlers.codec import V1Codec, WireCodec
+from handlers.protocol import ErrorEvent
+from handlers.realtime import RealtimeCodec
 from handlers.session import Session
 from handlers.transport import Disconnected
 from server.auth import AccessPolicy, warn_if_open
@@ -31,6 +33,7 @@ from server.speech import create_voice
 log = logging.getLogger("livesight.server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 WS_PATH = "/v1/video/chat/stream"
+REALTIME_PATH = "/v1/realtime"  # OpenAI Realtime (GA shape) over the same session core
 
 
 class WebSocketTransport:
@@ -115,17 +118,26 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:
+        await serve(ws, V1Codec())
+
+    @app.websocket(REALTIME_PATH)
+    async def realtime(ws: WebSocket) -> None:
+        await serve(ws, RealtimeCodec(ws.query_params.get("model")))
+
+    async def serve(ws: WebSocket, codec: WireCodec) -> None:
+        """One session over ``ws``, speaking the wire protocol of ``codec``."""
         verdict = access.check(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))
         await ws.accept(subprotocol=verdict.subprotocol)
         transport = WebSocketTransport(ws, settings.max_message_bytes)
         if verdict.refusal is not None:
             log.info("refused a connection: %s", verdict.refusal.value)
-            await _refuse(transport, verdict.refusal, verdict.message)
+            await _refuse(transport, verdict.refusal, verdict.message, codec)
             return
         if len(sessions) >= settings.max_sessions:
-            await _refuse(transport, ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {settings.max_sessions} sessions")
+            message = f"the server is at its limit of {settings.max_sessions} sessions"
+            await _refuse(transport, ErrorCode.TOO_MANY_SESSIONS, message, codec)
             return
-        session = Session(transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice)
+        session = Session(transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice, codec)
         sessions.add(session)
         try:
             await session.run()
@@ -137,9 +149,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     return app
 
 
-async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str) -> None:
+async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str, codec: WireCodec) -> None:
     try:
-        await transport.send(encode(ErrorEvent(code=code.value, message=message, closes_session=True)))
+        for text in codec.encode(ErrorEvent(code=code.value, message=message, closes_session=True)):
+            await transport.send(text)
     except Disconnected:
         return
     await transport.close(CLOSE_CODES[code])
