@@ -94,6 +94,12 @@ async def realtime(server: RunningServer, api_key: str = "unused", **query: Any)
         yield conversation
 
 
+def heard(said: str, transcript: str) -> bool:
+    """Most of the words said are in the transcript (PocketSphinx is not perfect)."""
+    words = transcript.split()
+    return sum(w in words for w in said.split()) >= 0.6 * len(said.split())
+
+
 def kinds(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
@@ -152,7 +158,7 @@ async def test_cancel_ends_the_response_as_cancelled(server: RunningServer) -> N
 async def test_audio_in_and_audio_out(server: RunningServer) -> None:
     """24 kHz PCM16 appended and committed is heard (transcribed) as the question; the answer
     is spoken: raw PCM16 output_audio deltas with no WAV header, and transcript deltas."""
-    clip = speak_clip("what is on the table", seed=3)
+    clip = speak_clip("what is on the table", noise=30, seed=1)
     pcm24 = resample(Pcm(clip.pcm16, INPUT_RATE), OUTPUT_RATE).samples
     async with realtime(server) as rt:
         await rt.conn.session.update(
@@ -171,7 +177,7 @@ async def test_audio_in_and_audio_out(server: RunningServer) -> None:
         audio_item = committed[0]["item_id"]
         events = await rt.ask()
         transcript = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
-        assert transcript["item_id"] == audio_item and "table" in transcript["transcript"]
+        assert transcript["item_id"] == audio_item and heard(clip.text, transcript["transcript"])
         deltas = [base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"]
         assert deltas and all(not d.startswith(b"RIFF") and len(d) % 2 == 0 for d in deltas)
         assert sum(map(len, deltas)) > 24_000 * 2 * 0.2  # at least 0.2 s of speech
@@ -186,7 +192,7 @@ async def test_audio_in_and_audio_out(server: RunningServer) -> None:
 async def test_spoken_question_with_server_vad(server: RunningServer) -> None:
     """With server_vad, speech is found, committed as an item, transcribed and answered
     without response.create."""
-    clip = speak_clip("how many people are in the room", seed=5)
+    clip = speak_clip("how many people are in the room", noise=30, seed=1)
     pcm24 = resample(Pcm(clip.pcm16, INPUT_RATE), OUTPUT_RATE).samples
     async with realtime(server) as rt:
         await rt.conn.session.update(session={
@@ -205,8 +211,8 @@ async def test_spoken_question_with_server_vad(server: RunningServer) -> None:
                              "input_audio_buffer.committed"]
         item = events[0]["item_id"]
         assert events[1]["item_id"] == item == events[2]["item_id"]
-        heard = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
-        assert heard["item_id"] == item and "people" in heard["transcript"]
+        transcript = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+        assert transcript["item_id"] == item and heard(clip.text, transcript["transcript"])
         assert events[-1]["response"]["status"] in {"completed", "incomplete"}
 
 

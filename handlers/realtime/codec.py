@@ -155,7 +155,7 @@ class RealtimeCodec:
         if isinstance(event, rt.ConversationItemRetrieve):
             return [RetrieveItem(item_id=event.item_id)]
         if isinstance(event, rt.ResponseCreate):
-            return [self._answer_request(event.response)]
+            return [self._answer_request(event.response or rt.ResponseParams())]
         if isinstance(event, rt.ResponseCancel):
             self._interrupted_by = "client_cancelled"
             return [CoreCancel(type="response.cancel")]

@@ -46,7 +46,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from handlers.errors import ErrorCode, SessionError
-from handlers.protocol import describe_validation_error
 
 Modality = Literal["text", "audio"]
 FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -190,7 +189,7 @@ class ConversationItemRetrieve(_ClientEvent):
 
 class ResponseCreate(_ClientEvent):
     type: Literal["response.create"]
-    response: ResponseParams = Field(default_factory=ResponseParams)
+    response: ResponseParams | None = None
 
 
 class ResponseCancel(_ClientEvent):
@@ -250,7 +249,10 @@ def parse_realtime_event(raw: str | bytes) -> tuple[RealtimeClientEvent | None, 
         try:
             return _client_event.validate_python(obj), event_id
         except ValidationError as exc:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"{kind}: {describe_validation_error(exc)}") from None
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}" for err in exc.errors()[:5]
+            )
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"{kind}: {problems}") from None
     except SessionError as exc:
         exc.event_id = event_id  # type: ignore[attr-defined]
         raise
