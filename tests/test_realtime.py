@@ -216,6 +216,36 @@ async def test_spoken_question_with_server_vad(server: RunningServer) -> None:
         assert events[-1]["response"]["status"] in {"completed", "incomplete"}
 
 
+async def test_speech_over_an_answer_cancels_it_as_turn_detected(server: RunningServer) -> None:
+    """Barge-in: speech that starts during a spoken answer ends it with status cancelled,
+    reason turn_detected; no audio of it follows its response.done."""
+    clip = speak_clip("wait a moment", lead_ms=300, noise=30, seed=7)
+    pcm24 = resample(Pcm(clip.pcm16, INPUT_RATE), OUTPUT_RATE).samples
+    async with realtime(server) as rt:
+        await rt.conn.session.update(session={
+            "type": "realtime", "output_modalities": ["audio"], "max_output_tokens": "inf",
+            "audio": {"input": {"turn_detection": {"type": "server_vad"}}},
+        })
+        await rt.until("session.updated")
+        await rt.add_image(3)
+        await rt.conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Describe it all."}]}
+        )
+        await rt.conn.response.create()
+        first = (await rt.until("response.output_audio.delta"))[-1]
+        step = 24_000 * 2 // 25
+        for i in range(0, len(pcm24), step):
+            await rt.conn.input_audio_buffer.append(audio=base64.b64encode(pcm24[i : i + step]).decode())
+        events = await rt.until("response.done")
+        order = kinds(events)
+        assert "input_audio_buffer.speech_started" in order
+        done = events[-1]["response"]
+        assert done["id"] == first["response_id"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
+        later = await rt.until("response.done")  # the words spoken over it are the next question
+        assert not [e for e in later if e["type"] == "response.output_audio.delta" and e["response_id"] == done["id"]]
+
+
 async def test_bad_events_get_realtime_errors_and_the_session_goes_on(server: RunningServer) -> None:
     """Invalid JSON, an unknown type, a bad field, an item that is not there and a non-data
     image URL each get an error event of the Realtime shape; the session then still answers."""
