@@ -139,6 +139,28 @@ async def test_image_items_then_a_typed_question_stream_text(server: RunningServ
         assert follow_up[-1]["response"]["usage"]["input_token_details"]["cached_tokens"] > 0
 
 
+async def test_filtered_and_evicted_frames_leave_the_conversation(server: RunningServer) -> None:
+    """livesight settings under session.livesight are applied and echoed; a near-duplicate
+    frame is added, done incomplete and deleted; a frame evicted by max_frames is deleted."""
+    async with realtime(server) as rt:
+        await rt.conn.session.update(session={"type": "realtime", "livesight": {"max_frames": 2, "num_frames": 2}})
+        session = (await rt.until("session.updated"))[-1]["session"]
+        assert session["livesight"]["max_frames"] == 2 and session["livesight"]["prefix_warmup"] is True
+        await rt.add_image(10, item_id="a")
+        await rt.conn.conversation.item.create(item={"id": "a2", "type": "message", "role": "user",
+                                                     "content": [{"type": "input_image", "image_url": image_url(10)}]})
+        dup = await rt.until("conversation.item.deleted")
+        assert kinds(dup) == ["conversation.item.added", "conversation.item.done", "conversation.item.deleted"]
+        assert dup[1]["item"]["status"] == "incomplete" and dup[2]["item_id"] == "a2"
+        await rt.add_image(11, item_id="b")
+        await rt.conn.conversation.item.create(item={"id": "c", "type": "message", "role": "user",
+                                                     "content": [{"type": "input_image", "image_url": image_url(12)}]})
+        third = await rt.until("conversation.item.deleted")
+        assert third[-1]["item_id"] == "a"
+        await rt.conn.conversation.item.retrieve(item_id="a")
+        assert (await rt.until("error"))[-1]["error"]["code"] == "item_not_found"
+
+
 async def test_cancel_ends_the_response_as_cancelled(server: RunningServer) -> None:
     """response.cancel during an answer: response.done with status cancelled, reason
     client_cancelled; the session goes on and answers the next question."""
