@@ -24,13 +24,14 @@ Server -> client:
     input_audio.transcript                                    (a spoken question as text)
 
 Incoming messages are parsed once, here, by ``parse_client_event``; outgoing events are
-built as models and serialised by ``encode``.
+built as models and serialised by ``encode``; a client parses them back, typed, with
+``parse_server_event``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -378,3 +379,34 @@ class Pong(ServerEvent):
 def encode(event: ServerEvent) -> str:
     """Serialise a server event to the JSON text sent on the socket."""
     return event.model_dump_json(exclude_none=False)
+
+
+AnyServerEvent = Annotated[
+    SessionReady
+    | FrameAck
+    | FramesConsumed
+    | ResponseStart
+    | ResponseTextDelta
+    | ResponseTextDone
+    | ResponseAudioDelta
+    | ResponseAudioDone
+    | ResponseDone
+    | InputAudioSpeechStarted
+    | InputAudioSpeechStopped
+    | InputAudioTranscript
+    | SessionDone
+    | ErrorEvent
+    | Pong,
+    Field(discriminator="type"),
+]
+_server_event = TypeAdapter(AnyServerEvent)
+SERVER_TYPES = frozenset(cls.model_fields["type"].default for cls in get_args(get_args(AnyServerEvent)[0]))
+
+
+def parse_server_event(raw: str | bytes) -> AnyServerEvent:
+    """Parse one message from the server (the client side of protocol v1).
+
+    Raises ``ValueError`` (pydantic's ``ValidationError`` is one) when it is not JSON or not
+    a server event of this protocol.
+    """
+    return _server_event.validate_json(raw)

@@ -18,7 +18,8 @@ from server.background import run_server
 from server.bench_voice import speak_clip
 from server.settings import Settings
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
-from tests.conftest import RunningServer, b64, jpeg_frame, tiny_model_path_for_module
+from handlers.protocol import SERVER_TYPES, parse_server_event
+from tests.conftest import RunningServer, b64, connect, jpeg_frame, tiny_model_path_for_module
 
 pytestmark = pytest.mark.anyio
 
@@ -314,3 +315,25 @@ async def test_bearer_key_is_required_when_keys_are_set() -> None:
             assert event["type"] == "error" and event["error"]["code"] == "unauthorized"
             with pytest.raises(websockets.ConnectionClosed):
                 await conn.recv_bytes()
+
+
+async def test_v1_endpoint_beside_it_sends_only_typed_v1_events(server: RunningServer) -> None:
+    """/v1/video/chat/stream is unchanged: a session's every event parses with
+    parse_server_event into a v1 type, and response.start carries only request_id."""
+    client, ready = await connect(server, sampling={"max_tokens": 4})
+    try:
+        await client.frame(1, seed=1)
+        events = await client.ask("What is it?")
+        await client.send_raw("{bad")
+        await client.recv_type("error")
+        await client.send(type="ping")
+        await client.recv_type("pong")
+        await client.send(type="video.done")
+        events += await client.collect_until("session.done")
+        for event in [ready, *client.events]:
+            typed = parse_server_event(json.dumps(event))
+            assert typed.type == event["type"] and event["type"] in SERVER_TYPES
+        start = next(e for e in events if e["type"] == "response.start")
+        assert set(start) == {"type", "request_id"}
+    finally:
+        await client.ws.close()
