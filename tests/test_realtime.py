@@ -301,8 +301,8 @@ async def test_bad_events_get_realtime_errors_and_the_session_goes_on(server: Ru
 
 
 async def test_bearer_key_is_required_when_keys_are_set() -> None:
-    """With api_keys set, the SDK's Bearer key opens a session and a wrong key is refused
-    with an error event of the Realtime shape."""
+    """With api_keys set, the SDK's Bearer key opens a session, a wrong key is refused with an
+    error event of the Realtime shape, and a browser's key subprotocol works."""
     import websockets
 
     settings = Settings(model=tiny_model_path_for_module(), api_keys=["sekret"])
@@ -315,6 +315,11 @@ async def test_bearer_key_is_required_when_keys_are_set() -> None:
             assert event["type"] == "error" and event["error"]["code"] == "unauthorized"
             with pytest.raises(websockets.ConnectionClosed):
                 await conn.recv_bytes()
+        url = f"ws://{server.host}:{server.port}/v1/realtime?model=livesight"
+        offered = ["realtime", "openai-insecure-api-key.sekret"]
+        async with websockets.connect(url, subprotocols=offered) as ws:
+            assert ws.subprotocol == "realtime"
+            assert json.loads(await ws.recv())["type"] == "session.created"
 
 
 async def test_v1_endpoint_beside_it_sends_only_typed_v1_events(server: RunningServer) -> None:
