@@ -15,6 +15,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from pydantic import ValidationError
+
+from handlers.commands import (
+    AnswerRequest,
+    AudioCleared,
+    AudioCommitted,
+    ClearAudio,
+    Command,
+    CommitAudio,
+    ConfigUpdate,
+    ConfigUpdated,
+    DeleteItem,
+    InputAdded,
+    ItemDeleted,
+    ItemRetrieved,
+    RetrieveItem,
+    UserInput,
+)
 from handlers.errors import ErrorCode, SessionError
 from handlers.frames import Frame, FrameBuffer
 from handlers.prompt import frame_time_s, render_timeline
@@ -23,10 +41,13 @@ from handlers.protocol import (
     FrameAck,
     FramesConsumed,
     InputAudioTranscript,
+    ResponseStart,
+    ServerEvent,
     SessionConfig,
     SessionReady,
     VideoFrame,
     VideoQuery,
+    describe_validation_error,
 )
 from handlers.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.timeline import Exchange, Timeline, interrupted_answer
@@ -123,6 +144,23 @@ class QueryPlan:
     text: list[str] = field(default_factory=list)
     used: list[Frame] = field(default_factory=list)
     prompted: bool = False
+    modalities: list[str] = field(default_factory=lambda: ["text"])
+    instructions: str | None = None  # replaces the system prompt for this answer only
+
+
+@dataclass
+class PendingInput:
+    """A conversation item waiting for the next answer: user text and/or 16 kHz PCM16 audio."""
+
+    item_id: str
+    text: str | None
+    pcm16: bytes = b""
+
+
+#: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
+FIXED_AT_START = frozenset({"model", "prefix_warmup"})
+#: Most text that pending inputs (or system items) may hold, like ``video.query``'s text.
+MAX_INPUT_CHARS = 20_000
 
 
 def decode_base64(data: str, code: ErrorCode, what: str, frame_id: str | int | None = None) -> bytes:
@@ -140,6 +178,18 @@ def decode_base64(data: str, code: ErrorCode, what: str, frame_id: str | int | N
 
 def _fid(frame_id: str | int | None) -> str | None:
     return None if frame_id is None else str(frame_id)
+
+
+def _ms(pcm16: bytes) -> float:
+    return round(len(pcm16) / 2 * 1000 / RATE, 1)
+
+
+def _image_type(data: bytes) -> str:
+    if data.startswith(b"\x89PNG"):
+        return "image/png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "image/jpeg"
 
 
 class SessionCore:
@@ -171,6 +221,8 @@ class SessionCore:
         self.frames_filtered = 0
         self.frames_shed = 0
         self.last_frame_id: str | int | None = None  # the last frame taken (a resumed client resends after it)
+        self.inputs: list[PendingInput] = []  # items for the next answer (not used by v1)
+        self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -196,6 +248,36 @@ class SessionCore:
     # ------------------------------------------------------------------ config
     def configure(self, config: SessionConfig) -> SessionReady:
         """Apply the first message; returns the ``session.ready`` event."""
+        config, notes = self._normalise(config)
+        self.config = config
+        self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
+        self.buffer = FrameBuffer(config.max_frames)
+        self.buffer.bulk_eviction = self.warm_prefix
+        threshold = config.frame_filter_threshold
+        self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
+        if config.turn_detection is not None and self.voice.vad_window is not None:
+            turns = config.turn_detection
+            self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
+        self.move_to(Phase.READY)
+        return SessionReady(
+            session_id=self.session_id,
+            config=self._effective_config(),
+            limits={**asdict(self.limits), "max_frames": config.max_frames},
+            capabilities={
+                **asdict(self.capabilities),
+                "prefix_warmup_active": self.warm_prefix,
+                "audio_output": self.voice.output is not None,
+                "audio_input": self.voice.input is not None,
+                "voice_output": self.voice.output if "audio" in config.modalities else None,
+                "voice_input": self.voice.input,
+                "turn_detection": ["server_vad"] if self.voice.vad_window is not None else [],
+            },
+            ignored_fields=config.ignored_fields,
+            notes=notes,
+        )
+
+    def _normalise(self, config: SessionConfig) -> tuple[SessionConfig, list[str]]:
+        """``config`` as this server can serve it, and a note for each change made."""
         notes = []
         if config.sampling.max_tokens > self.limits.max_answer_tokens:
             config = config.model_copy(
@@ -219,35 +301,44 @@ class SessionCore:
             # vLLM-Omni's default without a warm prefix; with one, the whole window
             default = config.max_frames if self.warm_prefix_for(config) else 4
             config = config.model_copy(update={"num_frames": default})
-        self.config = config
-        self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
-        self.buffer = FrameBuffer(config.max_frames)
-        self.buffer.bulk_eviction = self.warm_prefix
-        threshold = config.frame_filter_threshold
-        self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
-        if config.turn_detection is not None and self.voice.vad_window is not None:
-            turns = config.turn_detection
-            self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
-        self.move_to(Phase.READY)
-        effective = config.model_dump(exclude={"type"})
+        return config, notes
+
+    def _effective_config(self) -> dict[str, object]:
+        effective = self.config.model_dump(exclude={"type"})
         effective["model"] = self.capabilities.model
         effective["frame_filter_threshold"] = self.filter.threshold
-        return SessionReady(
-            session_id=self.session_id,
-            config=effective,
-            limits={**asdict(self.limits), "max_frames": config.max_frames},
-            capabilities={
-                **asdict(self.capabilities),
-                "prefix_warmup_active": self.warm_prefix,
-                "audio_output": self.voice.output is not None,
-                "audio_input": self.voice.input is not None,
-                "voice_output": self.voice.output if "audio" in config.modalities else None,
-                "voice_input": self.voice.input,
-                "turn_detection": ["server_vad"] if self.voice.vad_window is not None else [],
-            },
-            ignored_fields=config.ignored_fields,
-            notes=notes,
-        )
+        return effective
+
+    def update(self, changes: dict[str, object]) -> ConfigUpdated:
+        """Change the configuration of a running session; returns the effective one.
+
+        ``model`` and ``prefix_warmup`` keep their first values (a note says so). A smaller
+        ``max_frames`` evicts at the next frame. Turning turn detection on or off starts its
+        audio afresh. Raises ``invalid_message`` when the result is not a valid config.
+        """
+        current = self.config.model_dump(exclude={"type"})
+        notes = [f"{name} can only be set when the session starts" for name in sorted(FIXED_AT_START & changes.keys())
+                 if changes[name] != current.get(name)]
+        merged = {**current, **{k: v for k, v in changes.items() if k not in FIXED_AT_START}}
+        try:
+            config = SessionConfig.model_validate(merged)
+        except ValidationError as exc:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"session update: {describe_validation_error(exc)}") from None
+        config, more = self._normalise(config)
+        old = self.config
+        self.config = config
+        self.buffer.max_frames = config.max_frames
+        if (config.enable_frame_filter, config.frame_filter_threshold) != (old.enable_frame_filter, old.frame_filter_threshold):
+            threshold = config.frame_filter_threshold
+            self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
+        if config.turn_detection != old.turn_detection:
+            self.detector = None
+            self.audio.clear()
+            self.audio_origin = self.audio_total = 0
+            if config.turn_detection is not None and self.voice.vad_window is not None:
+                turns = config.turn_detection
+                self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
+        return ConfigUpdated(config=self._effective_config(), notes=notes + more)
 
     # ------------------------------------------------------------------ frames
     def check_frame_size(self, event: VideoFrame) -> None:
@@ -424,16 +515,133 @@ class SessionCore:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the spoken question; send video.frame first")
         return self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
 
-    def _plan(self, frames: list[Frame], question: str, audio: AudioSegment | None) -> QueryPlan:
+    def _plan(
+        self, frames: list[Frame], question: str, audio: AudioSegment | None, request: AnswerRequest | None = None
+    ) -> QueryPlan:
         self.buffer.pin(frames)
         sampling = self.config.sampling
+        max_tokens = sampling.max_tokens
+        modalities = list(self.config.modalities)
+        if request is not None and request.max_tokens is not None:
+            max_tokens = min(request.max_tokens, self.limits.max_answer_tokens)
+        if request is not None and request.modalities is not None:
+            wanted = [m for m in request.modalities if m == "text" or self.voice.output is not None]
+            modalities = list(dict.fromkeys(["text", *wanted]))
         return QueryPlan(
             request_id=f"resp_{self.session_id[:8]}_{next(self._requests)}",
             question=question,
             frames=frames,
             audio=audio,
-            sampling=Sampling(sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed),
+            sampling=Sampling(sampling.temperature, sampling.top_p, max_tokens, sampling.seed),
+            modalities=modalities,
+            instructions=request.instructions if request is not None else None,
         )
+
+    def plan_answer(self, request: AnswerRequest) -> QueryPlan:
+        """Start an answer over the pending inputs (their text is the question, their audio
+        the spoken part); the inputs are used up. Raises ``no_frames`` (inputs are kept)."""
+        frames = self.candidate_frames()
+        if not frames:
+            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
+        question = "\n".join(i.text for i in self.inputs if i.text)
+        pcm = b"".join(i.pcm16 for i in self.inputs)
+        self.inputs.clear()
+        audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
+        return self._plan(frames, question, audio, request)
+
+    def start_event(self, plan: QueryPlan) -> ResponseStart:
+        """The ``response.start`` event of a planned answer."""
+        return ResponseStart(request_id=plan.request_id, modalities=plan.modalities)
+
+    # ------------------------------------------------------------------ conversation items
+    def apply(self, command: Command) -> list[ServerEvent]:
+        """Carry out a command that starts no answer; returns the events to send.
+
+        Raises ``SessionError`` (``invalid_message``, ``invalid_audio``, ``audio_overflow``,
+        ``item_not_found``).
+        """
+        if isinstance(command, ConfigUpdate):
+            return [self.update(command.changes)]
+        if isinstance(command, UserInput):
+            return [self._add_input(command)]
+        if isinstance(command, CommitAudio):
+            return [self._commit_audio(command.item_id)]
+        if isinstance(command, ClearAudio):
+            self.audio.clear()
+            self.audio_origin = self.audio_total
+            return [AudioCleared()]
+        if isinstance(command, DeleteItem):
+            return [self._delete_item(command.item_id)]
+        if isinstance(command, RetrieveItem):
+            return [self._retrieve_item(command.item_id)]
+        raise SessionError(ErrorCode.INVALID_MESSAGE, f"{command.type} is not carried out here")
+
+    def system_text(self) -> str | None:
+        """The instructions: the configured system prompt, then each system item."""
+        parts = [p for p in (self.config.system_prompt, *self.system_items.values()) if p]
+        return "\n\n".join(parts) if parts else None
+
+    def _add_input(self, item: UserInput) -> InputAdded:
+        if item.role == "system":
+            if item.audio or not item.text:
+                raise SessionError(ErrorCode.INVALID_MESSAGE, "a system item holds text only")
+            if sum(map(len, self.system_items.values())) + len(item.text) > MAX_INPUT_CHARS:
+                raise SessionError(ErrorCode.INVALID_MESSAGE, f"system items may hold {MAX_INPUT_CHARS} characters")
+            self.system_items[item.item_id] = item.text
+            return InputAdded(item_id=item.item_id, role="system", text=item.text)
+        pcm = self._pcm(item.audio) if item.audio else b""
+        if not pcm and not item.text:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, "a user item needs text, audio or an image")
+        if sum(len(i.text or "") for i in self.inputs) + len(item.text or "") > MAX_INPUT_CHARS:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"pending items may hold {MAX_INPUT_CHARS} characters")
+        if self._pending_audio_bytes() + len(pcm) > self.limits.max_audio_bytes:
+            raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
+        self.inputs.append(PendingInput(item.item_id, item.text, pcm))
+        return InputAdded(item_id=item.item_id, role="user", text=item.text, audio_ms=_ms(pcm) if pcm else None)
+
+    def _pending_audio_bytes(self) -> int:
+        return sum(len(i.pcm16) for i in self.inputs)
+
+    def _commit_audio(self, item_id: str) -> AudioCommitted:
+        if self.detector is not None:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, "turn detection is on: the server commits the audio itself")
+        if not self.audio:
+            raise SessionError(ErrorCode.INVALID_AUDIO, "no audio is buffered to commit")
+        if self._pending_audio_bytes() + len(self.audio) > self.limits.max_audio_bytes:
+            raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
+        pcm = bytes(self.audio)
+        self.audio.clear()
+        self.audio_origin = self.audio_total
+        self.inputs.append(PendingInput(item_id, None, pcm))
+        return AudioCommitted(item_id=item_id, audio_ms=_ms(pcm))
+
+    def _frame_item(self, item_id: str) -> Frame | None:
+        return next((f for f in self.buffer.frames if f.frame_id is not None and str(f.frame_id) == item_id), None)
+
+    def _delete_item(self, item_id: str) -> ItemDeleted:
+        frame = self._frame_item(item_id)
+        if frame is not None:
+            self.buffer.remove(frame)  # a running answer or warmup keeps it until it ends (pinned)
+        elif item_id in self.system_items:
+            del self.system_items[item_id]
+        elif any(i.item_id == item_id for i in self.inputs):
+            self.inputs = [i for i in self.inputs if i.item_id != item_id]
+        else:
+            raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {item_id[:64]!r} in the conversation")
+        return ItemDeleted(item_id=item_id)
+
+    def _retrieve_item(self, item_id: str) -> ItemRetrieved:
+        frame = self._frame_item(item_id)
+        if frame is not None and frame.data:
+            url = f"data:{_image_type(frame.data)};base64,{base64.b64encode(frame.data).decode('ascii')}"
+            return ItemRetrieved(item_id=item_id, role="user", kind="image", image=url)
+        if item_id in self.system_items:
+            return ItemRetrieved(item_id=item_id, role="system", kind="input", text=self.system_items[item_id])
+        for item in self.inputs:
+            if item.item_id == item_id:
+                audio_ms = _ms(item.pcm16) if item.pcm16 else None
+                return ItemRetrieved(item_id=item_id, role="user", kind="input", text=item.text, audio_ms=audio_ms)
+        raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {item_id[:64]!r} in the conversation")
 
     def needs_transcription(self, plan: QueryPlan) -> bool:
         """True when the plan's audio must become text (the engine takes no audio)."""
@@ -466,12 +674,12 @@ class SessionCore:
         timeline.admit(usable, newest=usable[-1] if usable else None)
         plan.used = timeline.frames
         plan.prompted = True
-        return self._render(plan.question, plan.audio)
+        return self._render(plan.question, plan.audio, plan.instructions)
 
-    def _render(self, question: str | None, audio: AudioSegment | None = None) -> Prompt:
+    def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
         timeline = self.timeline
         return render_timeline(
-            system_prompt=self.config.system_prompt,
+            system_prompt=instructions or self.system_text(),
             history=timeline.history,
             turns=timeline.turns,
             open_frames=timeline.open,
@@ -538,5 +746,6 @@ class SessionCore:
         """Release every frame and buffer; the session is over."""
         self.buffer.close()
         self.audio.clear()
+        self.inputs.clear()
         if self.phase is not Phase.CLOSED:
             self.phase = Phase.CLOSED

@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     INVALID_AUDIO = "invalid_audio"
     AUDIO_OVERFLOW = "audio_overflow"
     NO_FRAMES = "no_frames"
+    ITEM_NOT_FOUND = "item_not_found"
     ENGINE_ERROR = "engine_error"
     SPEECH_FAILED = "speech_failed"
     TRANSCRIPTION_FAILED = "transcription_failed"

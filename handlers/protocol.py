@@ -29,12 +29,13 @@ built as models and serialised by ``encode``. Parsing is strict: JSON as the sta
 (no ``NaN``/``Infinity``), no string holding a lone surrogate (it is not Unicode and could not
 be sent back), fields of exactly their type (``"4"``, ``true`` and ``4.0`` are not integers;
 an integer is a valid float), finite numbers, and sampling values every engine accepts.
+A client parses the server's events back, typed, with ``parse_server_event``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -332,6 +333,8 @@ class FramesConsumed(ServerEvent):
 class ResponseStart(ServerEvent):
     type: Literal["response.start"] = "response.start"
     request_id: str
+    #: The answer's output modalities: for other codecs; v1 announces them in session.ready.
+    modalities: list[str] = Field(default_factory=lambda: ["text"], exclude=True)
 
 
 class ResponseTextDelta(ServerEvent):
@@ -435,3 +438,35 @@ class Pong(ServerEvent):
 def encode(event: ServerEvent) -> str:
     """Serialise a server event to the JSON text sent on the socket."""
     return event.model_dump_json(exclude_none=False)
+
+
+AnyServerEvent = Annotated[
+    SessionReady
+    | FrameAck
+    | FramesConsumed
+    | ResponseStart
+    | ResponseTextDelta
+    | ResponseTextDone
+    | ResponseAudioDelta
+    | ResponseAudioDone
+    | ResponseDone
+    | InputAudioSpeechStarted
+    | InputAudioSpeechStopped
+    | InputAudioTranscript
+    | SessionDone
+    | SessionClosing
+    | ErrorEvent
+    | Pong,
+    Field(discriminator="type"),
+]
+_server_event = TypeAdapter(AnyServerEvent)
+SERVER_TYPES = frozenset(cls.model_fields["type"].default for cls in get_args(get_args(AnyServerEvent)[0]))
+
+
+def parse_server_event(raw: str | bytes) -> AnyServerEvent:
+    """Parse one message from the server (the client side of protocol v1).
+
+    Raises ``ValueError`` (pydantic's ``ValidationError`` is one) when it is not JSON or not
+    a server event of this protocol.
+    """
+    return _server_event.validate_json(raw)

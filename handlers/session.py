@@ -34,6 +34,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from handlers import blocking, log_context
+from handlers.codec import V1Codec, WireCodec
+from handlers.commands import AnswerRequest, Command
 from handlers.core import (
     FrameIntake,
     Limits,
@@ -59,7 +61,6 @@ from handlers.protocol import (
     ResponseAudioDone,
     ResponseCancel,
     ResponseDone,
-    ResponseStart,
     ResponseTextDelta,
     ResponseTextDone,
     ServerEvent,
@@ -72,8 +73,6 @@ from handlers.protocol import (
     VideoDone,
     VideoFrame,
     VideoQuery,
-    encode,
-    parse_client_event,
 )
 from handlers.speech import Listening, NativeAudioTrim, SpokenAnswer
 from handlers.transport import Disconnected, Transport
@@ -122,6 +121,7 @@ class Session:
 
     def __init__(
         self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None,
+        codec: WireCodec | None = None,
         *, intake: IntakeLimits | None = None, read_ahead: ReadAhead | None = None, admission: Admission | None = None,
         observer: SessionObserver | None = None, parking: ParkingLot | None = None, owner: str = "",
     ) -> None:
@@ -133,6 +133,7 @@ class Session:
         self.waiting_messages = 0  # read, not yet handled: the session is not idle while > 0
         self.observer = observer or SessionObserver()
         self.transport = transport
+        self.codec = codec or V1Codec()  # the wire protocol: messages <-> core events
         self.engine = engine
         self.voice = voice or Voice()
         self.core = SessionCore(self.id, limits, engine.capabilities, voice_paths(engine.capabilities, voice))
@@ -215,21 +216,25 @@ class Session:
         await self.ended.wait()
 
     async def _configure(self) -> bool:
-        """Wait for ``session.config``; returns False when the session must close."""
+        """Wait for ``session.config`` (or take the codec's opening one); returns False when
+        the session must close."""
         raw: str | bytes | None = None
+        events = self.codec.opening()
         try:
-            with anyio.fail_after(self.config_timeout_s), self.admission.waiting(self.id):
-                raw = await self.transport.receive()
+            if not events:
+                with anyio.fail_after(self.config_timeout_s), self.admission.waiting(self.id):
+                    raw = await self.transport.receive()
         except TimeoutError:
             await self._fail(SessionError(ErrorCode.CONFIG_TIMEOUT, f"no session.config within {self.config_timeout_s:g} s"))
             return False
-        if raw is None and self.admission.was_pushed_out(self.id):
+        if raw is None and not events and self.admission.was_pushed_out(self.id):
             await self._fail(SessionError(
                 ErrorCode.TOO_MANY_SESSIONS, "too many connections are waiting for session.config; this one waited longest"
             ))
             return False
         try:
-            event = parse_client_event(raw)
+            events = events or self.codec.decode(raw)
+            event = events[0] if len(events) == 1 else None
             if not isinstance(event, SessionConfig):
                 raise SessionError(ErrorCode.INVALID_CONFIG, "the first message must be session.config")
         except SessionError as exc:
@@ -291,7 +296,8 @@ class Session:
     # ------------------------------------------------------------------ errors and sending
     async def send(self, event: ServerEvent) -> None:
         async with self._send_lock:
-            await self.transport.send(encode(event))
+            for text in self.codec.encode(event):
+                await self.transport.send(text)
         self.observer.sent(event)
 
     async def report(self, exc: SessionError) -> None:
@@ -306,26 +312,27 @@ class Session:
             while True:
                 raw = await self._receive_or_idle()
                 try:
-                    event = parse_client_event(raw, configured=True)
+                    events = self.codec.decode(raw)
                 except SessionError as exc:
                     await self.report(exc)
                     continue
-                self.observer.received(event)
-                if isinstance(event, Ping):
-                    await self.send(Pong())
-                elif isinstance(event, ResponseCancel):
-                    await self.interrupt()
-                elif isinstance(event, SessionConfig):
-                    await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
-                elif isinstance(event, VideoFrame):
-                    await self._read_frame(queue, event)
-                else:
-                    if isinstance(event, VideoQuery):
+                for event in events:
+                    self.observer.received(event)
+                    if isinstance(event, Ping):
+                        await self.send(Pong())
+                    elif isinstance(event, ResponseCancel):
                         await self.interrupt()
-                    self.waiting_messages += 1
-                    await queue.send((event, time.perf_counter(), 0))
-                    if isinstance(event, VideoDone):
-                        return
+                    elif isinstance(event, SessionConfig):
+                        await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
+                    elif isinstance(event, VideoFrame):
+                        await self._read_frame(queue, event)
+                    else:
+                        if isinstance(event, (VideoQuery, AnswerRequest)):
+                            await self.interrupt()
+                        self.waiting_messages += 1
+                        await queue.send((event, time.perf_counter(), 0))
+                        if isinstance(event, VideoDone):
+                            return
 
     async def _read_frame(self, queue: anyio.abc.ObjectSendStream[object], event: VideoFrame) -> None:
         """Queue a frame within the byte budgets, or shed it with an ``overloaded`` ack."""
@@ -372,6 +379,11 @@ class Session:
                     elif isinstance(event, VideoDone):
                         await self._on_done()
                         return
+                    elif isinstance(event, AnswerRequest):
+                        await self.interrupt()
+                        await self._start_turn(self.core.plan_answer(event), received)
+                    elif isinstance(event, Command):
+                        await self._on_command(event)
                 except SessionError as exc:
                     await self.report(exc)
                 finally:
@@ -453,6 +465,15 @@ class Session:
             self._listening = listening
         listening.add(self.core.audio_since(listening.fed), self.core.audio_total)
 
+    async def _on_command(self, command: Command) -> None:
+        """A core command from a codec (items, audio commits, config updates)."""
+        detector = self.core.detector
+        for event in self.core.apply(command):
+            await self.send(event)
+        if self.core.detector is not detector:  # turn detection was switched: fresh audio
+            vad = self.voice.vad
+            self._vad_stream = vad.open_stream() if self.core.detector is not None and vad is not None else None
+
     # ------------------------------------------------------------------ answers
     async def _on_query(self, event: VideoQuery, received: float) -> None:
         await self.interrupt()  # a turn may have started between reader and processor
@@ -504,13 +525,13 @@ class Session:
         text: list[str] = []
         spoken: SpokenAnswer | None = None
         try:
-            await self.send(ResponseStart(request_id=plan.request_id))
+            await self.send(self.core.start_event(plan))
             with turn.scope:
                 if self.core.needs_transcription(plan):
                     await self._transcribe(turn)
                 spoken = await self._start_speech(turn)
                 trim = NativeAudioTrim(self.voice.native_trim_ms)
-                wants_audio = "audio" in self.core.config.modalities
+                wants_audio = "audio" in plan.modalities
                 prompt = self.core.query_prompt(plan)
                 stream = self.engine.generate(self.id, plan.request_id, prompt, plan.sampling)
                 finished: Finished | None = None
@@ -587,7 +608,7 @@ class Session:
         """A running speaker for this answer when the session wants audio the engine cannot make."""
         config = self.core.config
         synthesizer = self.voice.synthesizer
-        if "audio" not in config.modalities or not self.core.voice.speaks or synthesizer is None:
+        if "audio" not in turn.plan.modalities or not self.core.voice.speaks or synthesizer is None:
             return None
         spoken = SpokenAnswer(
             synthesizer, config.voice or synthesizer.default_voice, config.speech_rate,

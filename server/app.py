@@ -23,8 +23,10 @@ from handlers.errors import CLOSE_CODES, ErrorCode
 from handlers.frames import live_frame_count
 from handlers.intake import Admission, IntakeLimits, ReadAhead
 from handlers.observer import Observers
-from handlers.protocol import ErrorEvent, encode
+from handlers.protocol import ErrorEvent
 from handlers.resume import ParkedSession, ParkingLot, digest
+from handlers.codec import V1Codec, WireCodec
+from handlers.realtime import RealtimeCodec
 from handlers.session import Session
 from handlers.transport import Disconnected
 from server.auth import AccessPolicy, client_key, warn_if_open
@@ -42,6 +44,7 @@ log = logging.getLogger("livesight.server")
 GIL_SWITCH_INTERVAL_S = 0.0005
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 WS_PATH = "/v1/video/chat/stream"
+REALTIME_PATH = "/v1/realtime"  # OpenAI Realtime (GA shape) over the same session core
 
 
 class WebSocketTransport:
@@ -181,23 +184,31 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:
+        await serve(ws, V1Codec(), "video_chat")
+
+    @app.websocket(REALTIME_PATH)
+    async def realtime(ws: WebSocket) -> None:
+        await serve(ws, RealtimeCodec(ws.query_params.get("model")), "realtime")
+
+    async def serve(ws: WebSocket, codec: WireCodec, protocol: str) -> None:
+        """One session over ``ws``, speaking the wire protocol of ``codec``."""
         verdict = access.check(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))
         await ws.accept(subprotocol=verdict.subprotocol)
         transport = WebSocketTransport(ws, settings.max_message_bytes)
         if verdict.refusal is not None:
             log.info("refused a connection: %s", verdict.refusal.value)
             metrics.refused(verdict.refusal)
-            await _refuse(transport, verdict.refusal, verdict.message)
+            await _refuse(transport, verdict.refusal, verdict.message, codec)
             return
         if app.state.draining:
             metrics.refused(ErrorCode.SERVER_CLOSING)
-            await _refuse(transport, ErrorCode.SERVER_CLOSING, "the server is shutting down; connect again")
+            await _refuse(transport, ErrorCode.SERVER_CLOSING, "the server is shutting down; connect again", codec)
             return
         # Not counted against max_sessions until it sends a valid session.config (Admission).
         session = Session(
-            transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice,
+            transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice, codec,
             intake=intake, read_ahead=read_ahead, admission=admission,
-            observer=Observers(metrics.session_observer("video_chat"), SessionLog("video_chat")),
+            observer=Observers(metrics.session_observer(protocol), SessionLog(protocol)),
             parking=parking if settings.resume_grace_s > 0 else None,
             owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),
         )
@@ -213,9 +224,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     return app
 
 
-async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str) -> None:
+async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str, codec: WireCodec) -> None:
     try:
-        await transport.send(encode(ErrorEvent(code=code.value, message=message, closes_session=True)))
+        for text in codec.encode(ErrorEvent(code=code.value, message=message, closes_session=True)):
+            await transport.send(text)
     except Disconnected:
         return
     await transport.close(CLOSE_CODES[code])

@@ -23,6 +23,8 @@ log = logging.getLogger("livesight.server")
 
 SUBPROTOCOL = "livesight.v1"
 KEY_SUBPROTOCOL_PREFIX = "livesight.api-key."
+#: How browser clients of the OpenAI Realtime API offer their key (beside ``realtime``).
+REALTIME_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,9 @@ def _presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprot
     if headers.get("x-api-key"):
         return headers["x-api-key"].strip()
     for proto in subprotocols:
-        if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
-            return proto[len(KEY_SUBPROTOCOL_PREFIX) :]
+        for prefix in (KEY_SUBPROTOCOL_PREFIX, REALTIME_KEY_SUBPROTOCOL_PREFIX):
+            if proto.startswith(prefix):
+                return proto[len(prefix) :]
     return query.get("api_key") or None
 
 

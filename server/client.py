@@ -38,6 +38,20 @@ from urllib.parse import quote
 
 import websockets
 from PIL import Image
+from pydantic import ValidationError
+
+from handlers.protocol import (
+    AnyServerEvent,
+    ErrorEvent,
+    FrameAck,
+    FramesConsumed,
+    ResponseAudioDelta,
+    ResponseDone,
+    ResponseStart,
+    ResponseTextDelta,
+    SessionDone,
+    parse_server_event,
+)
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp"})
 # A question without a `response.start` gets one of these instead (the server answers in order).
@@ -252,7 +266,11 @@ class StreamClient:
             while True:
                 try:
                     async for raw in self.ws:
-                        self._on_event(json.loads(raw))
+                        try:
+                            event = parse_server_event(raw)
+                        except ValidationError:
+                            continue  # an event this client does not know (a newer server): not ours to act on
+                        self._on_event(event)
                 except websockets.ConnectionClosed:
                     pass
                 dropped = self.ws.close_code != 1000 and not self._closing and not self._session_done.is_set()
@@ -294,50 +312,49 @@ class StreamClient:
             return True
         return False
 
-    def _on_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "video.frame.ack":
-            if event.get("accepted"):
+    def _on_event(self, event: AnyServerEvent) -> None:
+        if isinstance(event, FrameAck):
+            if event.accepted:
                 self.frames.accepted += 1
             else:
                 self.frames.filtered += 1
-        elif kind == "response.start":
+        elif isinstance(event, ResponseStart):
             answer = self._waiting.popleft() if self._waiting else Answer("")
-            answer.request_id = event["request_id"]
+            answer.request_id = event.request_id
             self._running[answer.request_id] = answer
             if answer.listener:
                 answer.listener.started(answer)
-        elif kind == "video.frames.consumed":
-            answer = self._running.get(event.get("request_id"))
+        elif isinstance(event, FramesConsumed):
+            answer = self._running.get(event.request_id)
             if answer:
-                answer.frame_ids = list(event.get("frame_ids", []))
-                answer.latest_pts_ms = event.get("latest_pts_ms")
-        elif kind == "response.text.delta":
-            answer = self._running.get(event.get("request_id"))
+                answer.frame_ids = list(event.frame_ids)
+                answer.latest_pts_ms = event.latest_pts_ms
+        elif isinstance(event, ResponseTextDelta):
+            answer = self._running.get(event.request_id)
             if answer:
                 if answer.ttft_ms is None:
                     answer.ttft_ms = round((time.perf_counter() - answer.sent_at) * 1000, 2)
-                answer.text += event["delta"]
+                answer.text += event.delta
                 if answer.listener:
-                    answer.listener.text(answer, event["delta"])
-        elif kind == "response.output_audio.delta":
-            answer = self._running.get(event.get("request_id"))
+                    answer.listener.text(answer, event.delta)
+        elif isinstance(event, ResponseAudioDelta):
+            answer = self._running.get(event.request_id)
             if answer:
                 answer.audio_chunks += 1
-        elif kind == "response.done":
-            answer = self._running.pop(event.get("request_id"), None)
+        elif isinstance(event, ResponseDone):
+            answer = self._running.pop(event.request_id, None)
             if answer:
-                answer.finish_reason = event.get("finish_reason")
-                answer.server_timings = event.get("timings") or {}
-                answer.usage = event.get("usage") or {}
-                answer._finish(event.get("status", "completed"))
-        elif kind == "error":
-            self.errors.append(event)
-            if event.get("code") in _REFUSALS and self._waiting:
+                answer.finish_reason = event.finish_reason
+                answer.server_timings = event.timings.model_dump()
+                answer.usage = event.usage.model_dump()
+                answer._finish(event.status)
+        elif isinstance(event, ErrorEvent):
+            self.errors.append(event.model_dump())
+            if event.code in _REFUSALS and self._waiting:
                 answer = self._waiting.popleft()
-                answer.error = f"{event['code']}: {event.get('message', '')}"
+                answer.error = f"{event.code}: {event.message}"
                 answer._finish("refused")
-        elif kind == "session.done":
+        elif isinstance(event, SessionDone):
             self._session_done.set()
 
 

@@ -32,3 +32,12 @@ def test_readme_starts_with_the_two_commands() -> None:
     """The README opens with the serve and test commands."""
     head = (ROOT / "README.md").read_text().split("\n\n")[1]
     assert "make serve" in head and "make test" in head
+
+
+def test_realtime_doc_lists_every_event() -> None:
+    """Every Realtime client and server event type is documented in docs/realtime.md."""
+    from handlers.realtime.events import REALTIME_CLIENT_TYPES, REALTIME_SERVER_TYPES
+
+    text = (ROOT / "docs" / "realtime.md").read_text()
+    for kind in REALTIME_CLIENT_TYPES | REALTIME_SERVER_TYPES:
+        assert f"`{kind}`" in text, kind

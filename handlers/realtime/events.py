@@ -1,0 +1,538 @@
+"""The OpenAI Realtime protocol (GA shape) on ``/v1/realtime``, as typed events.
+
+Client -> server (JSON text messages, each with a ``type`` and an optional ``event_id``):
+
+    session.update               session: type "realtime", instructions, output_modalities
+                                 (["text"] or ["audio"]), max_output_tokens, audio.input
+                                 (format, turn_detection server_vad, transcription,
+                                 noise_reduction), audio.output (format, voice, speed),
+                                 livesight (num_frames, max_frames, enable_frame_filter,
+                                 frame_filter_threshold, frame_timestamps, prefix_warmup,
+                                 use_audio_in_video)
+    input_audio_buffer.append    audio (base64, in audio.input.format)
+    input_audio_buffer.commit
+    input_audio_buffer.clear
+    conversation.item.create     item: a message; user content input_text / input_image
+                                 (data URL, JPEG/PNG/WebP) / input_audio; system content
+                                 input_text
+    conversation.item.delete     item_id
+    conversation.item.retrieve   item_id
+    response.create              response: instructions, output_modalities,
+                                 max_output_tokens, conversation ("auto"), metadata
+    response.cancel              response_id
+
+Server -> client:
+
+    session.created, session.updated, conversation.item.added, conversation.item.done,
+    conversation.item.deleted, conversation.item.retrieved,
+    input_audio_buffer.speech_started, input_audio_buffer.speech_stopped,
+    input_audio_buffer.committed, input_audio_buffer.cleared,
+    conversation.item.input_audio_transcription.completed, response.created,
+    response.output_item.added, response.output_item.done, response.content_part.added,
+    response.content_part.done, response.output_text.delta, response.output_text.done,
+    response.output_audio.delta, response.output_audio.done,
+    response.output_audio_transcript.delta, response.output_audio_transcript.done,
+    response.done, error
+
+Incoming messages are parsed once, by ``parse_realtime_event``; outgoing events are models
+serialised by ``encode_realtime`` (fields that are None are left out).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from handlers.errors import ErrorCode, SessionError
+
+Modality = Literal["text", "audio"]
+FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+
+# --------------------------------------------------------------------------- shared parts
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class AudioFormat(_Part):
+    """``audio/pcm`` is PCM16 at 24 kHz; ``audio/pcmu`` and ``audio/pcma`` are G.711 at 8 kHz."""
+
+    type: FormatType = "audio/pcm"
+    rate: Literal[24000] | None = None
+
+
+class ServerVad(_Part):
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float | None = Field(None, ge=0.05, le=0.95)
+    prefix_padding_ms: int | None = Field(None, ge=0, le=2000)
+    silence_duration_ms: int | None = Field(None, ge=100, le=5000)
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    idle_timeout_ms: int | None = None
+
+
+class AudioInput(_Part):
+    format: AudioFormat | None = None
+    turn_detection: ServerVad | None = None
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+
+
+class AudioOutput(_Part):
+    format: AudioFormat | None = None
+    voice: str | None = Field(None, max_length=200)
+    speed: float | None = Field(None, ge=0.25, le=1.5)
+
+
+class SessionAudio(_Part):
+    input: AudioInput | None = None
+    output: AudioOutput | None = None
+
+
+class LivesightSettings(_Part):
+    """livesight's own settings, under ``session.livesight`` (see ``session.config``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_frames: int | None = None
+    max_frames: int | None = None
+    enable_frame_filter: bool | None = None
+    frame_filter_threshold: float | None = None
+    frame_timestamps: bool | None = None
+    prefix_warmup: bool | None = None
+    use_audio_in_video: bool | None = None
+
+
+class RealtimeSession(_Part):
+    type: Literal["realtime"] = "realtime"
+    model: str | None = None
+    instructions: str | None = Field(None, max_length=20_000)
+    output_modalities: list[Modality] | None = Field(None, min_length=1)
+    max_output_tokens: int | Literal["inf"] | None = None
+    audio: SessionAudio | None = None
+    livesight: LivesightSettings | None = None
+
+
+class ContentPart(_Part):
+    type: Literal["input_text", "input_image", "input_audio", "text", "output_text"]
+    text: str | None = Field(None, max_length=20_000)
+    image_url: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+    detail: str | None = None
+
+
+class MessageItem(_Part):
+    id: str | None = Field(None, min_length=1, max_length=64)
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "assistant"]
+    content: list[ContentPart] = Field(min_length=1, max_length=32)
+
+
+class ResponseAudio(_Part):
+    output: AudioOutput | None = None
+
+
+class ResponseParams(_Part):
+    instructions: str | None = Field(None, max_length=20_000)
+    output_modalities: list[Modality] | None = Field(None, min_length=1)
+    max_output_tokens: int | Literal["inf"] | None = None
+    conversation: str | None = None
+    metadata: dict[str, str] | None = None
+    input: list[Any] | None = None
+    audio: ResponseAudio | None = None
+
+
+# --------------------------------------------------------------------------- client events
+
+
+class _ClientEvent(_Part):
+    event_id: str | None = Field(None, max_length=128)
+
+
+class SessionUpdate(_ClientEvent):
+    type: Literal["session.update"]
+    session: RealtimeSession
+
+
+class InputAudioBufferAppend(_ClientEvent):
+    type: Literal["input_audio_buffer.append"]
+    audio: str
+
+
+class InputAudioBufferCommit(_ClientEvent):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class InputAudioBufferClear(_ClientEvent):
+    type: Literal["input_audio_buffer.clear"]
+
+
+class ConversationItemCreate(_ClientEvent):
+    type: Literal["conversation.item.create"]
+    item: MessageItem
+    previous_item_id: str | None = None
+
+
+class ConversationItemDelete(_ClientEvent):
+    type: Literal["conversation.item.delete"]
+    item_id: str
+
+
+class ConversationItemRetrieve(_ClientEvent):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
+class ResponseCreate(_ClientEvent):
+    type: Literal["response.create"]
+    response: ResponseParams | None = None
+
+
+class ResponseCancel(_ClientEvent):
+    type: Literal["response.cancel"]
+    response_id: str | None = None
+
+
+RealtimeClientEvent = Annotated[
+    SessionUpdate
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
+    | ConversationItemCreate
+    | ConversationItemDelete
+    | ConversationItemRetrieve
+    | ResponseCreate
+    | ResponseCancel,
+    Field(discriminator="type"),
+]
+_client_event = TypeAdapter(RealtimeClientEvent)
+REALTIME_CLIENT_TYPES = frozenset(
+    {
+        "session.update",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "conversation.item.create",
+        "conversation.item.delete",
+        "conversation.item.retrieve",
+        "response.create",
+        "response.cancel",
+    }
+)
+
+
+def parse_realtime_event(raw: str | bytes) -> tuple[RealtimeClientEvent | None, str | None]:
+    """Parse one message; returns the event and its ``event_id``.
+
+    Raises ``SessionError`` (``invalid_json``, ``invalid_message``, ``unknown_type``); the
+    message's ``event_id``, when it had one, is on the exception as ``event_id``.
+    """
+    if isinstance(raw, bytes):
+        raise SessionError(ErrorCode.INVALID_MESSAGE, "binary messages are not supported; send JSON text")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise SessionError(ErrorCode.INVALID_JSON, "message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise SessionError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object")
+    event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
+    kind = obj.get("type")
+    try:
+        if not isinstance(kind, str):
+            raise SessionError(ErrorCode.INVALID_MESSAGE, 'message has no string "type"')
+        if kind not in REALTIME_CLIENT_TYPES:
+            raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unknown or unsupported event type {kind[:64]!r}")
+        try:
+            return _client_event.validate_python(obj), event_id
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}" for err in exc.errors()[:5]
+            )
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"{kind}: {problems}") from None
+    except SessionError as exc:
+        exc.event_id = event_id  # type: ignore[attr-defined]
+        raise
+
+
+# --------------------------------------------------------------------------- server events
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ServerVadOut(_Out):
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+class AudioInputOut(_Out):
+    format: AudioFormat
+    turn_detection: ServerVadOut | None
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+
+
+class AudioOutputOut(_Out):
+    format: AudioFormat
+    voice: str | None = None
+    speed: float = 1.0
+
+
+class SessionAudioOut(_Out):
+    input: AudioInputOut
+    output: AudioOutputOut
+
+
+class SessionOut(_Out):
+    """The session as ``session.created`` / ``session.updated`` show it."""
+
+    type: Literal["realtime"] = "realtime"
+    object: Literal["realtime.session"] = "realtime.session"
+    id: str
+    model: str
+    instructions: str = ""
+    output_modalities: list[Modality]
+    max_output_tokens: int | Literal["inf"]
+    audio: SessionAudioOut
+    tools: list[Any] = Field(default_factory=list)
+    tool_choice: Literal["auto"] = "auto"
+    livesight: dict[str, Any]
+
+
+class ItemContent(_Out):
+    type: Literal["input_text", "input_image", "input_audio", "output_text", "output_audio"]
+    text: str | None = None
+    transcript: str | None = None
+    image_url: str | None = None
+
+
+class Item(_Out):
+    id: str
+    object: Literal["realtime.item"] = "realtime.item"
+    type: Literal["message"] = "message"
+    status: Literal["completed", "incomplete", "in_progress"] = "completed"
+    role: Literal["user", "system", "assistant"]
+    content: list[ItemContent] = Field(default_factory=list)
+
+
+class StatusError(_Out):
+    type: str
+    code: str | None = None
+
+
+class StatusDetails(_Out):
+    type: Literal["completed", "cancelled", "incomplete", "failed"]
+    reason: Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"] | None = None
+    error: StatusError | None = None
+
+
+class InputTokenDetails(_Out):
+    cached_tokens: int
+    text_tokens: int | None = None
+    image_tokens: int | None = None
+    audio_tokens: int | None = None
+
+
+class Usage(_Out):
+    total_tokens: int
+    input_tokens: int
+    output_tokens: int
+    input_token_details: InputTokenDetails
+
+
+class ResponseOut(_Out):
+    id: str
+    object: Literal["realtime.response"] = "realtime.response"
+    status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
+    status_details: StatusDetails | None = None
+    output: list[Item] = Field(default_factory=list)
+    conversation_id: str | None = None
+    output_modalities: list[Modality]
+    max_output_tokens: int | Literal["inf"] | None = None
+    usage: Usage | None = None
+
+
+class ContentPartOut(_Out):
+    type: Literal["text", "audio"]
+    text: str | None = None
+    transcript: str | None = None
+
+
+class ErrorDetail(_Out):
+    type: Literal["invalid_request_error", "server_error"]
+    code: str
+    message: str
+    param: str | None = None
+    event_id: str | None = None
+
+
+class RealtimeServerEvent(_Out):
+    event_id: str
+
+
+class SessionCreated(RealtimeServerEvent):
+    type: Literal["session.created"] = "session.created"
+    session: SessionOut
+
+
+class SessionUpdated(RealtimeServerEvent):
+    type: Literal["session.updated"] = "session.updated"
+    session: SessionOut
+
+
+class ConversationItemAdded(RealtimeServerEvent):
+    type: Literal["conversation.item.added"] = "conversation.item.added"
+    previous_item_id: str | None = None
+    item: Item
+
+
+class ConversationItemDone(RealtimeServerEvent):
+    type: Literal["conversation.item.done"] = "conversation.item.done"
+    previous_item_id: str | None = None
+    item: Item
+
+
+class ConversationItemDeleted(RealtimeServerEvent):
+    type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
+    item_id: str
+
+
+class ConversationItemRetrieved(RealtimeServerEvent):
+    type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
+    item: Item
+
+
+class SpeechStarted(RealtimeServerEvent):
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(RealtimeServerEvent):
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+class AudioBufferCommitted(RealtimeServerEvent):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    previous_item_id: str | None = None
+    item_id: str
+
+
+class AudioBufferCleared(RealtimeServerEvent):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
+
+
+class TranscriptionUsage(_Out):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class TranscriptionCompleted(RealtimeServerEvent):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed"
+    )
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    usage: TranscriptionUsage
+
+
+class ResponseCreated(RealtimeServerEvent):
+    type: Literal["response.created"] = "response.created"
+    response: ResponseOut
+
+
+class ResponseDone(RealtimeServerEvent):
+    type: Literal["response.done"] = "response.done"
+    response: ResponseOut
+
+
+class OutputItemAdded(RealtimeServerEvent):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class OutputItemDone(RealtimeServerEvent):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class _InResponse(RealtimeServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ContentPartAdded(_InResponse):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: ContentPartOut
+
+
+class ContentPartDone(_InResponse):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: ContentPartOut
+
+
+class OutputTextDelta(_InResponse):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    delta: str
+
+
+class OutputTextDone(_InResponse):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    text: str
+
+
+class OutputAudioDelta(_InResponse):
+    """``delta``: base64 audio in ``audio.output.format`` (raw samples, no WAV header)."""
+
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: str
+
+
+class OutputAudioDone(_InResponse):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+class OutputAudioTranscriptDelta(_InResponse):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class OutputAudioTranscriptDone(_InResponse):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class RealtimeError(RealtimeServerEvent):
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
+#: Every server event type this server sends (the docs list each one).
+REALTIME_SERVER_TYPES = frozenset(
+    cls.model_fields["type"].default
+    for cls in RealtimeServerEvent.__subclasses__() + _InResponse.__subclasses__()
+    if "type" in cls.model_fields
+)
+
+
+def encode_realtime(event: RealtimeServerEvent) -> str:
+    """Serialise a server event (None fields left out)."""
+    return event.model_dump_json(exclude_none=True)
