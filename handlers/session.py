@@ -473,6 +473,7 @@ class Session:
         if self.core.detector is not detector:  # turn detection was switched: fresh audio
             vad = self.voice.vad
             self._vad_stream = vad.open_stream() if self.core.detector is not None and vad is not None else None
+        await self._listen()  # audio committed or cleared: its running transcription stops
 
     # ------------------------------------------------------------------ answers
     async def _on_query(self, event: VideoQuery, received: float) -> None:

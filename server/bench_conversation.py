@@ -69,7 +69,7 @@ class Conversation:
 async def _wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:
     """Wait until no session has a decode, warmup or answer running."""
     deadline = time.monotonic() + timeout_s
-    while (await http.get("/metrics")).json()["sessions_busy"]:
+    while (await http.get("/metrics.json")).json()["sessions_busy"]:
         if time.monotonic() > deadline:
             raise TimeoutError("the server did not settle")
         await asyncio.sleep(0.02)

@@ -199,12 +199,12 @@ def process_tree_cpu_s(root: int, descendants: bool = True) -> float:
 
 
 async def _engine_stats(http: httpx.AsyncClient) -> dict:
-    return (await http.get("/metrics")).json()["engine"]
+    return (await http.get("/metrics.json")).json()["engine"]
 
 
 async def _settle(http: httpx.AsyncClient, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
-    while (await http.get("/metrics")).json()["sessions_busy"]:
+    while (await http.get("/metrics.json")).json()["sessions_busy"]:
         if time.monotonic() > deadline:
             raise TimeoutError("the session did not settle")
         await asyncio.sleep(0.05)

@@ -304,7 +304,7 @@ def wait_for_clean_metrics(http_url: str, timeout: float = 30) -> dict[str, Any]
 
     deadline = time.monotonic() + timeout
     while True:
-        metrics = httpx.get(http_url + "/metrics", timeout=10).json()
+        metrics = httpx.get(http_url + "/metrics.json", timeout=10).json()
         if metrics["sessions"] == 0 and metrics["frames_live"] == 0:
             return metrics
         if time.monotonic() > deadline:

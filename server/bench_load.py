@@ -230,7 +230,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
         tally = asyncio.run(_run_round(url, frames, sessions, fps, seconds, ask_every_s))
         cpu = _process_cpu_s(proc.pid) - cpu0
         deadline = time.monotonic() + 30
-        while httpx.get(base + "/metrics", timeout=10).json()["sessions"] and time.monotonic() < deadline:
+        while httpx.get(base + "/metrics.json", timeout=10).json()["sessions"] and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1.5)
         stop.set()

@@ -314,7 +314,7 @@ async def test_memory_returns_after_rounds_of_sessions(tiny_model_dir: Path) -> 
                 await c.ws.close()
             for _ in range(100):
                 await asyncio.sleep(0.05)
-                metrics = json.loads((await asyncio.to_thread(httpx.get, srv.http_url + "/metrics")).text)
+                metrics = json.loads((await asyncio.to_thread(httpx.get, srv.http_url + "/metrics.json")).text)
                 if metrics["sessions"] == 0:
                     break
             await asyncio.sleep(0.3)
