@@ -13,6 +13,7 @@ import base64
 import io
 import json
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -48,12 +49,26 @@ def bench_frame(i: int, size: tuple[int, int] = (320, 240)) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-async def _wait_idle(http: httpx.AsyncClient, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:
+    """Wait until no session has a decode, warmup or answer running. Raises ``TimeoutError``."""
+    deadline = time.monotonic() + timeout_s
     while (await http.get("/metrics.json")).json()["sessions_busy"]:
         if time.monotonic() > deadline:
             raise TimeoutError("the server did not settle")
         await asyncio.sleep(0.02)
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    """Wait until the server process at ``base`` answers /healthz. Raises ``RuntimeError``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(base + "/healthz", timeout=1).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("server did not start") from None
+            time.sleep(0.2)
 
 
 async def measure(server: RunningServer, frames: int, warm: bool, queries: int) -> Sample:
@@ -75,7 +90,7 @@ async def measure(server: RunningServer, frames: int, warm: bool, queries: int) 
             while json.loads(await ws.recv())["type"] != "video.frame.ack":
                 pass
         for q in range(queries):
-            await _wait_idle(http)
+            await wait_idle(http)
             sent = time.perf_counter()
             await ws.send(json.dumps({"type": "video.query", "text": f"what changed? ({q})"}))
             first = None
@@ -180,7 +195,6 @@ async def _send_frames(url: str, frames: list[str], warm: bool) -> int:
 def run_intake(model: str | None, count: int) -> str:
     """CPU milliseconds the server process spends per accepted 640x480 frame."""
     import os
-    import subprocess
     import sys
 
     port = _free_port()
@@ -192,15 +206,7 @@ def run_intake(model: str | None, count: int) -> str:
     proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                httpx.get(base + "/healthz", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("server did not start") from None
-                time.sleep(0.2)
+        wait_healthy(base, proc)
         url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
         frames = _moving_frames(count, (640, 480))
         size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
@@ -212,7 +218,7 @@ def run_intake(model: str | None, count: int) -> str:
 
             async def settle() -> None:
                 async with httpx.AsyncClient(base_url=base) as http:
-                    await _wait_idle(http)
+                    await wait_idle(http)
 
             asyncio.run(settle())
             cpu = _process_cpu_s(proc.pid) - cpu0

@@ -29,7 +29,7 @@ import httpx
 import websockets
 
 from server.background import RunningServer, run_server
-from server.bench import bench_frame
+from server.bench import bench_frame, wait_idle
 from server.settings import Settings
 
 ANSWER_TOKENS = 16
@@ -64,15 +64,6 @@ class Conversation:
 
     def min_share(self, kind: str) -> float:
         return min(a.cached_share for a in self.of(kind))
-
-
-async def _wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:
-    """Wait until no session has a decode, warmup or answer running."""
-    deadline = time.monotonic() + timeout_s
-    while (await http.get("/metrics.json")).json()["sessions_busy"]:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the server did not settle")
-        await asyncio.sleep(0.02)
 
 
 class _Client:
@@ -128,7 +119,7 @@ async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> C
         client, ws = await _session(server, frames, warm=True)
         async with ws:
             await client.frames(frames, 0)
-            await _wait_idle(http)
+            await wait_idle(http)
             result.asks.append(await client.ask("first"))
             for _ in range(follow_ups):
                 result.asks.append(await client.ask("follow-up"))
@@ -136,23 +127,23 @@ async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> C
                 await client.frames(NEW_FRAMES, frames + round_ * NEW_FRAMES, FRAME_INTERVAL_S)
                 result.asks.append(await client.ask("after-frames"))
                 result.asks.append(await client.ask("follow-up"))
-        await _wait_idle(http)
+        await wait_idle(http)
         client, ws = await _session(server, frames, warm=False)
         async with ws:
             await client.frames(frames, 0)
-            await _wait_idle(http)
+            await wait_idle(http)
             result.asks.append(await client.ask("cold"))
-        await _wait_idle(http)
+        await wait_idle(http)
         if frames >= 8:
             client, ws = await _session(server, frames, warm=True, window=frames)
             async with ws:
                 await client.frames(frames, 1000)
-                await _wait_idle(http)
+                await wait_idle(http)
                 await client.ask("warm")
-                await _wait_idle(http)
+                await wait_idle(http)
                 await client.frames(1, 1000 + frames)
                 result.asks.append(await client.ask("re-warm"))
-            await _wait_idle(http)
+            await wait_idle(http)
     return result
 
 

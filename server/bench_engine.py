@@ -37,6 +37,7 @@ import websockets
 from PIL import Image
 
 from server.background import RunningServer, run_server
+from server.bench import wait_idle
 from server.settings import Settings
 
 FRAME_SIZE = (640, 480)
@@ -202,14 +203,6 @@ async def _engine_stats(http: httpx.AsyncClient) -> dict:
     return (await http.get("/metrics.json")).json()["engine"]
 
 
-async def _settle(http: httpx.AsyncClient, timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (await http.get("/metrics.json")).json()["sessions_busy"]:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the session did not settle")
-        await asyncio.sleep(0.05)
-
-
 async def stream_session(server: RunningServer, frames: list[str], fps: float) -> None:
     """One session that keeps every frame in its window, fed ``frames`` at ``fps``."""
     config = {
@@ -233,7 +226,7 @@ async def stream_session(server: RunningServer, frames: list[str], fps: float) -
                 raise RuntimeError(f"the session failed: {event}")
             acks += event["type"] == "video.frame.ack"
         async with httpx.AsyncClient(base_url=server.http_url) as http:
-            await _settle(http)
+            await wait_idle(http, 900)
 
 
 async def measure(server: RunningServer, vllm: VllmApiServer, mode: str, frames: list[str], fps: float) -> Run:

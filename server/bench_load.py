@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import websockets
 
-from server.bench import _free_port, _process_cpu_s
+from server.bench import _free_port, _process_cpu_s, wait_healthy
 
 
 def sample_clip() -> Path:
@@ -202,15 +202,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
     proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                httpx.get(base + "/healthz", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("server did not start") from None
-                time.sleep(0.2)
+        wait_healthy(base, proc)
         frames = load_footage(120)
         url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
         asyncio.run(_run_round(url, frames, 1, fps, 2, 0))  # first-use costs (thread pools, model warm-up)
