@@ -22,6 +22,9 @@ CoreInput = ClientEvent | Command
 
 
 class WireCodec(Protocol):
+    #: True when buffered audio becomes a question only by an explicit commit (not by a query).
+    commits_audio: bool
+
     def opening(self) -> list[CoreInput]:
         """Events to act on at connect; empty: the first message must configure the session."""
         ...
@@ -37,6 +40,9 @@ class WireCodec(Protocol):
 
 class V1Codec:
     """Protocol v1: one message is one event, both ways."""
+
+    #: v1 queries take the buffered microphone audio, so it is transcribed while it arrives.
+    commits_audio = False
 
     def __init__(self) -> None:
         self._configured = False  # the first message is the config; later ones may not be

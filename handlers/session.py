@@ -459,6 +459,8 @@ class Session:
             listening = None
         if start is None or self.voice.transcriber is None:
             return
+        if self.core.detector is None and self.codec.commits_audio:
+            return  # the buffer waits for a commit; a streamed transcription would be cut there
         if listening is None:
             listening = Listening(self.voice.transcriber.open_stream(), start, self.core.limits.max_audio_bytes)
             await self._tg.start(listening.run)

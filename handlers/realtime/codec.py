@@ -107,6 +107,10 @@ class _Answer:
 class RealtimeCodec:
     """One Realtime connection's translation (a ``WireCodec``)."""
 
+    #: Audio becomes a question only when the client commits it (or server VAD ends it):
+    #: without turn detection nothing is transcribed before the commit.
+    commits_audio = True
+
     def __init__(self, model: str | None) -> None:
         self.model = model
         self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
