@@ -65,7 +65,7 @@ function defaultServerUrl() {
 
 class App {
   constructor() {
-    this.stats = { sent: 0, accepted: 0, filtered: 0, skipped: 0, audioBytes: 0 };
+    this.stats = { sent: 0, accepted: 0, filtered: 0, shed: 0, skipped: 0, audioBytes: 0 };
     this.eventCounts = {};
     this.lastFrame = null;
     this.frameSeq = 0;
@@ -286,6 +286,7 @@ class App {
         break;
       case "video.frame.ack":
         if (event.accepted) this.stats.accepted += 1;
+        else if (event.reason === "overloaded") this.stats.shed += 1;
         else this.stats.filtered += 1;
         break;
       case "video.frames.consumed": {
@@ -389,10 +390,11 @@ class App {
   }
 
   render() {
-    const { sent, accepted, filtered, skipped, audioBytes } = this.stats;
+    const { sent, accepted, filtered, shed, skipped, audioBytes } = this.stats;
     $("r-sent").textContent = String(sent);
     $("r-accepted").textContent = String(accepted);
     $("r-filtered").textContent = String(filtered);
+    $("r-shed").textContent = String(shed);
     $("r-skipped").textContent = String(skipped);
     $("r-audio").textContent = `${(audioBytes / 32000).toFixed(1)} s`;
     $("r-ttft").textContent = this.ttftMs == null ? "–" : `${Math.round(this.ttftMs)} ms`;
