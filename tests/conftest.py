@@ -40,7 +40,10 @@ def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     """The real server with the real transformers engine on the tiny model."""
     # No resume here: a test that drops a connection must not leave a parked session (and its
     # frames) behind for the next test's leak checks; tests/test_resume.py has its own server.
-    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0)
+    # No load shedding either: the suite shares two cores with Chromium and vLLM, and a frame
+    # shed there would make exact frame counts flaky. Shedding has its own tests
+    # (test_settings_wiring, test_intake_faults) and the load bench.
+    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0, intake_max_wait_ms=60_000)
     with run_server(settings) as running:
         yield running
 
