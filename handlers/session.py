@@ -4,6 +4,10 @@ All of a session's work runs in one task group: the reader, the processor, frame
 the prefix warmup and the running answer. When the session ends, the group is cancelled
 and awaited, so nothing it started outlives it.
 
+What runs on the engine (a prefill, an answer, both while one stops the other) is one state,
+``turns`` (``lifecycle.py``), moved by its transition table; every wait is a wait on that
+state. An answer's events come from its ``Answer``, which makes exactly one end per start.
+
 Control comes before media: the reader answers ``ping`` and interrupts a running answer
 (``response.cancel``, ``video.query``) the moment it reads them; frames, audio, queries and
 ``video.done`` then go in order through a bounded queue to the processor, so a question

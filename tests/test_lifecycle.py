@@ -72,7 +72,7 @@ PULL: dict[Trigger, Callable[[Turns], object]] = {
 }
 
 
-@pytest.mark.parametrize(("row", "after"), list(TRANSITIONS.items()), ids=lambda r: getattr(r, "value", str(r)))
+@pytest.mark.parametrize(("row", "after"), list(TRANSITIONS.items()), ids=[f"{s.value}-{t.value}" for s, t in TRANSITIONS])
 def test_every_row_of_the_table_is_a_move(row: tuple[TurnState, Trigger], after: TurnState) -> None:
     """Each (state, trigger) row of the table moves to its next state, holding an answer exactly while one is asked."""
     state, trigger = row
