@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from functools import partial
 
 from pydantic import ValidationError
 
@@ -35,6 +36,7 @@ from handlers.commands import (
 )
 from handlers.errors import ErrorCode, SessionError
 from handlers.frames import Frame, FrameBuffer
+from handlers.lifecycle import Answer
 from handlers.prompt import frame_time_s, render_timeline
 from handlers.protocol import (
     ConsumedFrame,
@@ -550,8 +552,14 @@ class SessionCore:
         return self._plan(frames, question, audio, request)
 
     def start_event(self, plan: QueryPlan) -> ResponseStart:
-        """The ``response.start`` event of a planned answer."""
-        return ResponseStart(request_id=plan.request_id, modalities=plan.modalities)
+        """The ``response.start`` event of a planned answer (what its ``Answer`` starts with)."""
+        return self.new_answer(plan, 0.0).start()[0]
+
+    def new_answer(self, plan: QueryPlan, received: float) -> Answer:
+        """The answer to a planned question (``lifecycle.py``): it turns the engine's outputs
+        into the events to send, ``video.frames.consumed`` (this plan's frames) included.
+        ``received``: when the question came, in seconds on the caller's monotonic clock."""
+        return Answer(plan.request_id, plan.modalities, received, consumed=partial(self.consumed, plan))
 
     # ------------------------------------------------------------------ conversation items
     def apply(self, command: Command) -> list[ServerEvent]:

@@ -4,6 +4,10 @@ All of a session's work runs in one task group: the reader, the processor, frame
 the prefix warmup and the running answer. When the session ends, the group is cancelled
 and awaited, so nothing it started outlives it.
 
+What runs on the engine (a prefill, an answer, both while one stops the other) is one state,
+``turns`` (``lifecycle.py``), moved by its transition table; every wait is a wait on that
+state. An answer's events come from its ``Answer``, which makes exactly one end per start.
+
 Control comes before media: the reader answers ``ping`` and interrupts a running answer
 (``response.cancel``, ``video.query``) the moment it reads them; frames, audio, queries and
 ``video.done`` then go in order through a bounded queue to the processor, so a question
@@ -27,7 +31,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 
 import anyio
@@ -47,6 +51,7 @@ from handlers.core import (
 )
 from handlers.errors import CLOSE_CODES, ErrorCode, SessionError
 from handlers.intake import Admission, IntakeLimits, ReadAhead, decode_prepared, prepare_frame
+from handlers.lifecycle import Answer, Outcome, Turns, TurnState
 from handlers.frames import Frame, content_key
 from handlers.observer import SessionObserver
 from handlers.resume import ParkedSession, ParkingLot
@@ -57,19 +62,12 @@ from handlers.protocol import (
     InputAudioSpeechStopped,
     Ping,
     Pong,
-    ResponseAudioDelta,
-    ResponseAudioDone,
     ResponseCancel,
-    ResponseDone,
-    ResponseTextDelta,
-    ResponseTextDone,
     ServerEvent,
     SessionClosing,
     SessionConfig,
     SessionDone,
     SessionReady,
-    Timings,
-    UsageInfo,
     VideoDone,
     VideoFrame,
     VideoQuery,
@@ -77,7 +75,7 @@ from handlers.protocol import (
 from handlers.speech import Listening, NativeAudioTrim, SpokenAnswer
 from handlers.transport import Disconnected, Transport
 from handlers.turn_detection import SpeechStarted, SpeechStopped
-from server.engines.base import AudioChunk, Capabilities, Engine, EngineError, Finished, TextDelta
+from server.engines.base import AudioChunk, Capabilities, Engine, EngineError, TextDelta
 from server.speech.base import SpeechError, VadStream, Voice
 
 log = logging.getLogger("livesight.session")
@@ -93,13 +91,14 @@ class _SessionOver(Exception):
 
 @dataclass
 class Turn:
-    """The running answer: its plan and the cancel scope that interrupts it."""
+    """The running answer's handles: its plan, its events (``Answer``, timed from when the
+    question was read or speech stopped, on ``time.perf_counter``), the cancel scope that
+    interrupts it and the event set once its end was sent. Its state is ``Session.turns``'."""
 
     plan: QueryPlan
+    answer: Answer
     scope: anyio.CancelScope
     done: anyio.Event
-    received: float  # perf_counter when the query was read (or speech stopped): timings count from here
-    first_audio_ms: float | None = None
     listening: Listening | None = None  # the question's audio, transcribed as it was spoken
 
 
@@ -140,12 +139,11 @@ class Session:
         self._vad_stream: VadStream | None = None
         self._listening: Listening | None = None
         self.config_timeout_s = config_timeout_s
-        self.turn: Turn | None = None
         self._send_lock = anyio.Lock()
-        self._warm_wanted = anyio.Event()
-        self._warm_scope: anyio.CancelScope | None = None
-        self._warm_idle = anyio.Event()
-        self._warm_idle.set()
+        self._changed = anyio.Event()  # set, and replaced, on every change of ``turns``
+        self.turns = Turns(on_change=self._wake)  # prefill and answer state: every decision reads it
+        self.turn: Turn | None = None  # the asked or running answer's handles (``turns.answer``'s)
+        self._warm_scope: anyio.CancelScope | None = None  # the running prefill's, to stop it
         self._tg: TaskGroup | None = None
         self.closed = False
         self.close_code = 1000
@@ -158,8 +156,18 @@ class Session:
     @property
     def settled(self) -> bool:
         """True when no decode, warmup or answer is running or wanted (benchmarks wait for it)."""
-        warm_busy = self.core.warm_prefix and (self._warm_wanted.is_set() or not self._warm_idle.is_set())
-        return not self.waiting_messages and self.turn is None and not warm_busy
+        behind = self.core.warm_prefix and self.turns.behind
+        return not self.waiting_messages and self.turns.state is TurnState.IDLE and not behind
+
+    def _wake(self) -> None:
+        """``turns`` changed: wake whoever waits on it."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` (a question about ``turns``) is true."""
+        while not ready():
+            await self._changed.wait()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -207,8 +215,7 @@ class Session:
         except Disconnected:
             pass
         with anyio.move_on_after(timeout_s):
-            while (turn := self.turn) is not None:
-                await turn.done.wait()
+            await self._until(lambda: not self.turns.answering)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()  # run() closes the transport with close_code
         else:
@@ -278,7 +285,7 @@ class Session:
     def _pick_up(self, tg: TaskGroup) -> None:
         """A resumed session: re-warm its buffer (every buffered frame was decoded at intake)."""
         if self.core.warm_prefix and self.core.buffer.frames:
-            self._warm_wanted.set()
+            self.turns.prefix_behind()
 
     def _parkable(self) -> bool:
         """True when the connection dropped from a ready session that can be resumed."""
@@ -299,6 +306,10 @@ class Session:
             for text in self.codec.encode(event):
                 await self.transport.send(text)
         self.observer.sent(event)
+
+    async def _send_all(self, events: list[ServerEvent]) -> None:
+        for event in events:
+            await self.send(event)
 
     async def report(self, exc: SessionError) -> None:
         """The one place a ``SessionError`` becomes an ``error`` event."""
@@ -359,7 +370,7 @@ class Session:
         while True:
             with anyio.move_on_after(self.core.limits.idle_timeout_s):
                 return await self.transport.receive()
-            if self.turn is None and not self.waiting_messages:
+            if not self.turns.answering and not self.waiting_messages:
                 await self._fail(
                     SessionError(ErrorCode.IDLE_TIMEOUT, f"nothing received for {self.core.limits.idle_timeout_s:g} s")
                 )
@@ -416,7 +427,7 @@ class Session:
             intake.frame.decode_ms = prepared.decode_ms
             intake.frame.decoded_ts_ms = now_ms()
         if (intake.evicted or intake.frame is not None) and self.core.warm_prefix:
-            self._warm_wanted.set()
+            self.turns.prefix_behind()
         if intake.ack is not None:
             await self.send(intake.ack)
 
@@ -496,17 +507,22 @@ class Session:
             raise
 
     async def _start_turn(self, plan: QueryPlan, received: float, listening: Listening | None = None) -> None:
-        """Wait for the plan's frames, stop warmup, then start the answer task."""
-        # The turn exists from here on, so the warm loop starts no new prefill.
-        turn = self.turn = Turn(plan, anyio.CancelScope(), anyio.Event(), received, listening=listening)
+        """Ask for the answer, drop the plan's undecodable frames, wait for a running prefill
+        to stop, then start the answer task. The caller has interrupted the previous answer."""
+        turn = Turn(plan, self.core.new_answer(plan, received), anyio.CancelScope(), anyio.Event(), listening=listening)
+        stop_prefill = self.turns.ask(turn.answer)  # from here on no prefill starts
+        self.turn = turn
         try:
             self.core.settle_frames(plan)
-            await self._stop_warmup()
+            if stop_prefill and self._warm_scope is not None:
+                self._warm_scope.cancel()
+            await self._until(lambda: self.turns.may_generate)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if listening is not None:
                     await listening.cancel()
             self.core.finish(plan, None)
+            self.turns.withdraw()
             self.turn = None
             turn.done.set()
             raise
@@ -520,15 +536,13 @@ class Session:
             await turn.done.wait()
 
     async def _answer(self, turn: Turn) -> None:
-        plan = turn.plan
+        """Run one answer: its events come from ``turn.answer`` (exactly one end per start)."""
+        plan, answer = turn.plan, turn.answer
         log_context.request_id.set(plan.request_id)  # this task's own context: log lines name the answer
-        started = turn.received
-        status, reason, usage = "interrupted", None, UsageInfo()
-        ttft = None
-        text: list[str] = []
+        outcome = Outcome.INTERRUPTED
         spoken: SpokenAnswer | None = None
         try:
-            await self.send(self.core.start_event(plan))
+            await self._send_all(self.turns.start())
             with turn.scope:
                 if self.core.needs_transcription(plan):
                     await self._transcribe(turn)
@@ -537,43 +551,34 @@ class Session:
                 wants_audio = "audio" in plan.modalities
                 prompt = self.core.query_prompt(plan)
                 stream = self.engine.generate(self.id, plan.request_id, prompt, plan.sampling)
-                finished: Finished | None = None
                 try:
                     async for out in stream:
-                        if ttft is None:
-                            ttft = (time.perf_counter() - started) * 1000
-                            await self.send(self.core.consumed(plan))
-                        if isinstance(out, TextDelta):
-                            text.append(out.text)
-                            await self.send(ResponseTextDelta(request_id=plan.request_id, delta=out.text))
-                            if spoken is not None:
-                                await spoken.add_text(out.text)
+                        await self._send_all(answer.output(out, time.perf_counter()))
+                        if isinstance(out, TextDelta) and spoken is not None:
+                            await spoken.add_text(out.text)
                         elif isinstance(out, AudioChunk):
                             wav = trim.apply(out.wav) if wants_audio and spoken is None else b""
                             if wav:  # the engine's own voice: passed on, never re-synthesized
                                 await self._send_audio(turn, wav)
-                        elif isinstance(out, Finished):
-                            finished = out
-                            usage = UsageInfo(**asdict(out.usage))
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stream.aclose()  # aborts the engine request if it is still running
                 if spoken is not None:
                     await spoken.finish()
-                if finished is not None:
-                    status, reason = "completed", finished.finish_reason
+                if answer.finished is not None:
+                    outcome = Outcome.COMPLETED
         except SessionError as exc:
-            status, reason = "failed", "error"
+            outcome = Outcome.FAILED
             await self.report(exc)
         except EngineError as exc:
             log.warning("engine failed request %s: %s", plan.request_id, exc)
-            status, reason = "failed", "error"
+            outcome = Outcome.FAILED
             await self.report(SessionError(ErrorCode.ENGINE_ERROR, "the engine failed to answer"))
         except Disconnected:
             raise
         except Exception:
             log.exception("bug while answering %s", plan.request_id)
-            status, reason = "failed", "error"
+            outcome = Outcome.FAILED
             await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"))
         finally:
             with anyio.CancelScope(shield=True):
@@ -581,12 +586,15 @@ class Session:
                     await spoken.cancel()  # nothing of this answer is spoken after its response.done
                 if turn.listening is not None:
                     await turn.listening.cancel()  # an interrupted transcription stops at once
-                self.core.finish(plan, "".join(text) if status != "failed" else None, interrupted=status == "interrupted")
-                await self._finish_answer(plan, status, reason, usage, ttft, turn.first_audio_ms, started, "".join(text))
+                ending = answer.end(outcome, time.perf_counter())
+                self.core.finish(plan, answer.kept_text, interrupted=outcome is Outcome.INTERRUPTED)
+                try:
+                    await self._send_all(ending)
+                except Disconnected:
+                    pass  # the client left; the session is ending anyway
+                self.turns.end()
                 self.turn = None
                 turn.done.set()
-                if self.core.warm_prefix:
-                    self._warm_wanted.set()
 
     async def _transcribe(self, turn: Turn) -> None:
         """Turn the plan's audio into its question; sends ``input_audio.transcript``.
@@ -625,40 +633,11 @@ class Session:
         return spoken
 
     async def _send_audio(self, turn: Turn, wav: bytes) -> None:
-        if turn.first_audio_ms is None:
-            turn.first_audio_ms = (time.perf_counter() - turn.received) * 1000
-        await self.send(ResponseAudioDelta(request_id=turn.plan.request_id, data=_b64(wav)))
-
-    async def _finish_answer(
-        self, plan: QueryPlan, status: str, reason: str | None, usage: UsageInfo,
-        ttft: float | None, first_audio: float | None, started: float, text: str,
-    ) -> None:
-        """Close an answer on the wire: text done, audio done, then ``response.done``."""
-        try:
-            if status == "completed" or text:
-                await self.send(ResponseTextDone(request_id=plan.request_id, text=text))
-            if first_audio is not None:
-                await self.send(ResponseAudioDone(request_id=plan.request_id))
-            timings = Timings(
-                ttft_ms=None if ttft is None else round(ttft, 2),
-                first_audio_ms=None if first_audio is None else round(first_audio, 2),
-                total_ms=round((time.perf_counter() - started) * 1000, 2),
-            )
-            await self.send(
-                ResponseDone(
-                    request_id=plan.request_id, status=status,
-                    finish_reason=reason or ("abort" if status == "interrupted" else None),
-                    usage=usage, timings=timings,
-                )
-            )
-        except Disconnected:
-            pass  # the client left; the session is ending anyway
+        await self._send_all(turn.answer.audio(wav, time.perf_counter()))
 
     async def _on_done(self) -> None:
         """``video.done``: let the running answer finish, then say goodbye."""
-        turn = self.turn
-        if turn is not None:
-            await turn.done.wait()
+        await self._until(lambda: not self.turns.answering)
         await self.send(SessionDone())
         self.core.move_to(Phase.CLOSING)
         self._tg.cancel_scope.cancel()
@@ -667,33 +646,20 @@ class Session:
     async def _warm_loop(self) -> None:
         """Keep the engine's prefix over the decoded frames warm while no answer runs."""
         while True:
-            await self._warm_wanted.wait()
-            self._warm_wanted = anyio.Event()
-            if self.turn is not None:
-                continue
+            await self._until(lambda: self.turns.warm_due)
             frames = self.core.warm_frames()
             if not frames:
+                self.turns.nothing_to_warm()
                 continue
             self.core.buffer.pin(frames)
-            self._warm_idle = anyio.Event()
+            scope = self._warm_scope = anyio.CancelScope()  # a question stops the prefill through it
+            self.turns.warm()
             try:
-                with anyio.CancelScope() as scope:
-                    self._warm_scope = scope
+                with scope:
                     await self.engine.prefill(self.id, self.core.warm_prompt(frames))
             except EngineError as exc:
                 log.warning("prefix warmup failed: %s", exc)
             finally:
                 self._warm_scope = None
                 self.core.buffer.unpin(frames)
-                self._warm_idle.set()
-
-    async def _stop_warmup(self) -> None:
-        if self._warm_scope is not None:
-            self._warm_scope.cancel()
-        await self._warm_idle.wait()
-
-
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode("ascii")
+                self.turns.warmed()

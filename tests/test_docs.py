@@ -41,3 +41,15 @@ def test_realtime_doc_lists_every_event() -> None:
     text = (ROOT / "docs" / "realtime.md").read_text()
     for kind in REALTIME_CLIENT_TYPES | REALTIME_SERVER_TYPES:
         assert f"`{kind}`" in text, kind
+
+
+def test_session_doc_shows_the_transition_table() -> None:
+    """docs/session.md's table of turn states holds exactly the lifecycle's transitions."""
+    import re
+
+    from handlers.lifecycle import TRANSITIONS
+
+    text = (ROOT / "docs" / "session.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \|", text, flags=re.M)
+    assert {(s, t): n for s, t, n in rows} == {(s.value, t.value): n.value for (s, t), n in TRANSITIONS.items()}
+    assert len(rows) == len(TRANSITIONS)

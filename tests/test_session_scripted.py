@@ -205,3 +205,37 @@ async def test_drain_deadline_interrupts_a_long_answer_and_closes_1012() -> None
     assert events[-1]["status"] == "interrupted"
     assert next(e for e in events if e["type"] == "session.closing")["deadline_ms"] == 200
     assert not engine.running
+
+
+async def test_burst_of_questions_cancels_and_frames_gives_one_done_per_start() -> None:
+    """Questions, cancels and frames in a burst while prefills run: every response.start gets one response.done, in order."""
+    engine = ScriptedEngine(words=["w "] * 10, step_s=0.003, prefill_s=0.01)
+    events: list[dict] = []
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 1)
+        for i in range(12):
+            await t.put(type="video.frame", data=b64(jpeg_frame(700 + i)), frame_id=100 + i)
+            await t.put(type="video.query", text=f"q{i}")
+            if i % 3 == 1:
+                await t.put(type="response.cancel")
+            if i % 4 == 2:
+                await anyio.sleep(0.02)  # let some answers run and some prefills start
+        await t.put(type="video.done")
+        events.extend(await t.until("session.done", timeout=30))
+
+    session = await _run(engine, body, enable_frame_filter=False)
+    open_id = None
+    starts = 0
+    for event in events:
+        if event["type"] == "response.start":
+            assert open_id is None, "a start before the previous answer's end"
+            open_id, starts = event["request_id"], starts + 1
+        elif event["type"] == "response.done":
+            assert event["request_id"] == open_id
+            open_id = None
+        elif event.get("request_id") is not None:
+            assert event["request_id"] == open_id, event["type"]
+    assert open_id is None and starts == 12
+    assert {e["status"] for e in events if e["type"] == "response.done"} <= {"completed", "interrupted"}
+    assert session.turns.state.value == "idle" and not engine.running
