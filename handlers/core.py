@@ -12,7 +12,7 @@ import base64
 import binascii
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
 from pydantic import ValidationError
@@ -151,6 +151,7 @@ class QueryPlan:
     prompted: bool = False
     modalities: list[str] = field(default_factory=lambda: ["text"])
     instructions: str | None = None  # replaces the system prompt for this answer only
+    spoken: str = ""  # the question's words that were speech (transcribed): usage's audio tokens
 
 
 @dataclass
@@ -160,6 +161,7 @@ class PendingInput:
     item_id: str
     text: str | None
     pcm16: bytes = b""
+    spoken: bool = False  # the text is a transcript of speech
 
 
 #: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
@@ -187,6 +189,11 @@ def _fid(frame_id: str | int | None) -> str | None:
 
 def _ms(pcm16: bytes) -> float:
     return round(len(pcm16) / 2 * 1000 / RATE, 1)
+
+
+def _spoken(inputs: list[PendingInput]) -> str:
+    """The words of ``inputs`` that were transcribed speech."""
+    return "\n".join(i.text for i in inputs if i.spoken and i.text)
 
 
 def _vad(turns: TurnDetection | None) -> tuple[float, int, int] | None:
@@ -510,7 +517,7 @@ class SessionCore:
         if item is None:
             return None
         audio_ms = _ms(item.pcm16)
-        item.text, item.pcm16 = transcript.strip() or None, b""
+        item.text, item.pcm16, item.spoken = transcript.strip() or None, b"", True
         if item.text is None:
             self.inputs.remove(item)
         return InputTranscribed(item_id=item_id, transcript=transcript, audio_ms=audio_ms)
@@ -563,10 +570,13 @@ class SessionCore:
         # spoken turns held by turn detection (create_response off) come first; v1 has no other inputs
         held = [i.text for i in self.inputs if i.text]
         pcm = b"".join(i.pcm16 for i in self.inputs) + pcm
-        self.inputs.clear()
         question = "\n".join([*held, event.text]) if held else event.text
+        spoken = _spoken(self.inputs)
+        self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        return self._plan(frames, question, audio)
+        plan = self._plan(frames, question, audio)
+        plan.spoken = spoken
+        return plan
 
     def plan_spoken_query(self, question: SpokenQuestion) -> QueryPlan:
         """Start an answer to a question turn detection found. Raises ``no_frames``."""
@@ -605,9 +615,12 @@ class SessionCore:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
         question = "\n".join(i.text for i in self.inputs if i.text)
         pcm = b"".join(i.pcm16 for i in self.inputs)
+        spoken = _spoken(self.inputs)
         self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        return self._plan(frames, question, audio, request)
+        plan = self._plan(frames, question, audio, request)
+        plan.spoken = spoken
+        return plan
 
     def start_event(self, plan: QueryPlan) -> ResponseStart:
         """The ``response.start`` event of a planned answer."""
@@ -713,6 +726,7 @@ class SessionCore:
         assert plan.audio is not None
         audio_ms = round(len(plan.audio.pcm16) / 2 * 1000 / RATE, 1)
         plan.question = "\n".join(part for part in (transcript.strip(), plan.question.strip()) if part)
+        plan.spoken = "\n".join(part for part in (transcript.strip(), plan.spoken) if part)
         plan.audio = None
         return InputAudioTranscript(request_id=plan.request_id, transcript=transcript, audio_ms=audio_ms)
 
@@ -734,7 +748,7 @@ class SessionCore:
         timeline.admit(usable, newest=usable[-1] if usable else None)
         plan.used = timeline.frames
         plan.prompted = True
-        return self._render(plan.question, plan.audio, plan.instructions)
+        return replace(self._render(plan.question, plan.audio, plan.instructions), spoken=plan.spoken)
 
     def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
         timeline = self.timeline

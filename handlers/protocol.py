@@ -43,6 +43,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    computed_field,
     field_validator,
     model_validator,
 )
@@ -368,11 +369,22 @@ class ResponseAudioDone(ServerEvent):
 
 
 class UsageInfo(BaseModel):
+    """An answer's tokens. ``text_tokens`` + ``image_tokens`` + ``audio_tokens`` ==
+    ``prompt_tokens`` (audio: the transcribed words of the question; see protocol.md)."""
+
     model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    image_tokens: int = 0
+    audio_tokens: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def text_tokens(self) -> int:
+        """The prompt tokens that are neither image nor audio tokens."""
+        return max(0, self.prompt_tokens - self.image_tokens - self.audio_tokens)
 
 
 class Timings(BaseModel):

@@ -139,8 +139,11 @@ async def test_image_items_then_a_typed_question_stream_text(server: RunningServ
         usage = response["usage"]
         assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-        follow_up = await rt.ask("And now?")
-        assert follow_up[-1]["response"]["usage"]["input_token_details"]["cached_tokens"] > 0
+        follow_up = (await rt.ask("And now?"))[-1]["response"]["usage"]
+        details = follow_up["input_token_details"]
+        assert details["cached_tokens"] > 0 and details["image_tokens"] > 0 and details["audio_tokens"] == 0
+        assert details["text_tokens"] + details["image_tokens"] + details["audio_tokens"] == follow_up["input_tokens"]
+        assert follow_up["output_token_details"] == {"text_tokens": follow_up["output_tokens"], "audio_tokens": 0}
 
 
 async def test_filtered_and_evicted_frames_leave_the_conversation(server: RunningServer) -> None:
@@ -240,6 +243,10 @@ async def test_spoken_question_with_server_vad(server: RunningServer) -> None:
         transcript = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
         assert transcript["item_id"] == item and heard(clip.text, transcript["transcript"])
         assert events[-1]["response"]["status"] in {"completed", "incomplete"}
+        usage = events[-1]["response"]["usage"]
+        details = usage["input_token_details"]
+        assert details["audio_tokens"] > 0 and details["image_tokens"] > 0  # the transcribed words
+        assert details["text_tokens"] + details["image_tokens"] + details["audio_tokens"] == usage["input_tokens"]
 
 
 async def test_speech_over_an_answer_cancels_it_as_turn_detected(server: RunningServer) -> None:
@@ -312,6 +319,7 @@ async def test_server_vad_without_create_response_waits_for_response_create(serv
         answer = await rt.ask()
         assert kinds(answer).count("response.created") == 1
         assert answer[-1]["response"]["status"] in {"completed", "incomplete"}
+        assert answer[-1]["response"]["usage"]["input_token_details"]["audio_tokens"] > 0  # its words were spoken
         await rt.conn.conversation.item.retrieve(item_id=item)  # the answer used it up
         assert (await rt.until("error"))[-1]["error"]["code"] == "item_not_found"
 

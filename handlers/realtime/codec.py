@@ -395,7 +395,11 @@ class RealtimeCodec:
                 total_tokens=usage.prompt_tokens + usage.completion_tokens,
                 input_tokens=usage.prompt_tokens,
                 output_tokens=usage.completion_tokens,
-                input_token_details=rt.InputTokenDetails(cached_tokens=usage.cached_tokens),
+                input_token_details=rt.InputTokenDetails(
+                    cached_tokens=usage.cached_tokens, text_tokens=usage.text_tokens,
+                    image_tokens=usage.image_tokens, audio_tokens=usage.audio_tokens,
+                ),
+                output_token_details=rt.OutputTokenDetails(text_tokens=usage.completion_tokens),
             ),
         )
         return [

@@ -336,10 +336,20 @@ class StatusDetails(_Out):
 
 
 class InputTokenDetails(_Out):
+    """``text_tokens + image_tokens + audio_tokens == input_tokens``; ``cached_tokens`` is a
+    part of ``input_tokens`` too (reused from the engine's cache)."""
+
     cached_tokens: int
-    text_tokens: int | None = None
-    image_tokens: int | None = None
-    audio_tokens: int | None = None
+    text_tokens: int
+    image_tokens: int
+    audio_tokens: int
+
+
+class OutputTokenDetails(_Out):
+    """The model writes text; spoken answers are synthesized from it (``audio_tokens`` 0)."""
+
+    text_tokens: int
+    audio_tokens: int = 0
 
 
 class Usage(_Out):
@@ -347,6 +357,7 @@ class Usage(_Out):
     input_tokens: int
     output_tokens: int
     input_token_details: InputTokenDetails
+    output_token_details: OutputTokenDetails
 
 
 class ResponseOut(_Out):
