@@ -462,7 +462,9 @@ class Session:
                     await listening.cancel()
             raise
         if not (self.core.voice.transcribes and self.core.config.use_audio_in_video) or self.voice.transcriber is None:
-            return  # the engine hears it with the answer
+            if listening is not None:
+                await listening.cancel()
+            return  # the engine hears it with the answer (or it is not used)
         pcm = item.pcm16
         if listening is None:
             listening = Listening(self.voice.transcriber.open_stream(), 0, len(pcm) + 2)
