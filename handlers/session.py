@@ -17,7 +17,8 @@ and a session whose messages are still waiting is never closed as idle.
 
 Voice: with server turn detection the processor runs each audio chunk through the voice
 activity model; speech that starts interrupts the running answer (barge-in), speech that
-stops starts an answer. An answer first transcribes its audio when the engine cannot hear,
+stops starts an answer (``interrupt_response`` / ``create_response`` false: the answer goes
+on / the spoken turn is kept, transcribed, for the next answer: ``_hold_spoken``). An answer first transcribes its audio when the engine cannot hear,
 and speaks its text sentence by sentence when the engine cannot speak (``speech.py``).
 """
 

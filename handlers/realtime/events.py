@@ -4,7 +4,8 @@ Client -> server (JSON text messages, each with a ``type`` and an optional ``eve
 
     session.update               session: type "realtime", instructions, output_modalities
                                  (["text"] or ["audio"]), max_output_tokens, audio.input
-                                 (format, turn_detection server_vad, transcription,
+                                 (format, turn_detection server_vad with
+                                 create_response / interrupt_response, transcription,
                                  noise_reduction), audio.output (format, voice, speed),
                                  livesight (num_frames, max_frames, enable_frame_filter,
                                  frame_filter_threshold, frame_timestamps, prefix_warmup,
