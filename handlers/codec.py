@@ -55,4 +55,6 @@ class V1Codec:
         return [parse_client_event(raw, configured=configured)]
 
     def encode(self, event: ServerEvent) -> list[str]:
+        if event.type.startswith("core."):
+            return []  # a core event v1 has no message for (a held spoken turn's words)
         return [encode(event)]

@@ -19,7 +19,8 @@ Commands (codec -> core):
 
 Events (core -> codec):
 
-    ConfigUpdated, InputAdded, AudioCommitted, AudioCleared, ItemDeleted, ItemRetrieved
+    ConfigUpdated, InputAdded, AudioCommitted, AudioCleared, ItemDeleted, ItemRetrieved,
+    InputTranscribed (a spoken turn kept for the next answer, as words)
 
 ``SessionCore.apply`` carries out every command but ``AnswerRequest`` (which starts an
 answer, as ``video.query`` does) and returns the events to send.
@@ -109,6 +110,17 @@ class InputAdded(ServerEvent):
 class AudioCommitted(ServerEvent):
     type: Literal["core.audio_committed"] = "core.audio_committed"
     item_id: str
+    audio_ms: float
+
+
+class InputTranscribed(ServerEvent):
+    """A spoken turn that waits for the next answer (turn detection with ``create_response``
+    off, or speech over an answer it may not interrupt) was transcribed: the words replace its
+    audio. ``item_id`` is the speech's (``input_audio.speech_started``'s ``item_id``)."""
+
+    type: Literal["core.input_transcribed"] = "core.input_transcribed"
+    item_id: str
+    transcript: str
     audio_ms: float
 
 

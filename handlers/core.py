@@ -12,7 +12,7 @@ import base64
 import binascii
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from functools import partial
 
@@ -29,6 +29,7 @@ from handlers.commands import (
     ConfigUpdated,
     DeleteItem,
     InputAdded,
+    InputTranscribed,
     ItemDeleted,
     ItemRetrieved,
     RetrieveItem,
@@ -42,18 +43,21 @@ from handlers.protocol import (
     ConsumedFrame,
     FrameAck,
     FramesConsumed,
+    InputAudioSpeechStarted,
+    InputAudioSpeechStopped,
     InputAudioTranscript,
     ResponseStart,
     ServerEvent,
     SessionConfig,
     SessionReady,
+    TurnDetection,
     VideoFrame,
     VideoQuery,
     describe_validation_error,
 )
 from handlers.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.timeline import Exchange, Timeline, interrupted_answer
-from handlers.turn_detection import RATE, SpeechStopped, TurnDetector, TurnEvent
+from handlers.turn_detection import RATE, SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
 from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
 
 
@@ -122,6 +126,7 @@ class SpokenQuestion:
     start_ms: float
     end_ms: float
     pcm16: bytes
+    item_id: str = ""  # the speech's item (``SessionCore.speech_item`` when it started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,7 @@ class QueryPlan:
     prompted: bool = False
     modalities: list[str] = field(default_factory=lambda: ["text"])
     instructions: str | None = None  # replaces the system prompt for this answer only
+    spoken: str = ""  # the question's words that were speech (transcribed): usage's audio tokens
 
 
 @dataclass
@@ -157,6 +163,7 @@ class PendingInput:
     item_id: str
     text: str | None
     pcm16: bytes = b""
+    spoken: bool = False  # the text is a transcript of speech
 
 
 #: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
@@ -184,6 +191,16 @@ def _fid(frame_id: str | int | None) -> str | None:
 
 def _ms(pcm16: bytes) -> float:
     return round(len(pcm16) / 2 * 1000 / RATE, 1)
+
+
+def _spoken(inputs: list[PendingInput]) -> str:
+    """The words of ``inputs`` that were transcribed speech."""
+    return "\n".join(i.text for i in inputs if i.spoken and i.text)
+
+
+def _vad(turns: TurnDetection | None) -> tuple[float, int, int] | None:
+    """What the voice activity detector is built from (the rest of turn detection is policy)."""
+    return None if turns is None else (turns.threshold, turns.silence_ms, turns.prefix_padding_ms)
 
 
 def _image_type(data: bytes) -> str:
@@ -225,6 +242,8 @@ class SessionCore:
         self.last_frame_id: str | int | None = None  # the last frame taken (a resumed client resends after it)
         self.inputs: list[PendingInput] = []  # items for the next answer (not used by v1)
         self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
+        self.speech_item: str | None = None  # the item id of the speech heard now (or last)
+        self._speech_items = itertools.count(1)
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -333,7 +352,7 @@ class SessionCore:
         if (config.enable_frame_filter, config.frame_filter_threshold) != (old.enable_frame_filter, old.frame_filter_threshold):
             threshold = config.frame_filter_threshold
             self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
-        if config.turn_detection != old.turn_detection:
+        if _vad(config.turn_detection) != _vad(old.turn_detection):  # not create/interrupt_response
             self.detector = None
             self.audio.clear()
             self.audio_origin = self.audio_total = 0
@@ -441,10 +460,12 @@ class SessionCore:
         out: list[TurnEvent | SpokenQuestion] = []
         for event in self.detector.feed(probabilities):
             out.append(event)
+            if isinstance(event, SpeechStarted):
+                self.speech_item = f"item_speech_{self.session_id[:8]}_{next(self._speech_items)}"
             if isinstance(event, SpeechStopped):
                 pcm = self._audio_between(event.start_sample - padding, event.detected_sample)
                 self._drop_audio_before(event.detected_sample)
-                out.append(SpokenQuestion(event.start_ms, event.end_ms, pcm))
+                out.append(SpokenQuestion(event.start_ms, event.end_ms, pcm, self.speech_item or ""))
         if not self.detector.speaking:
             self._drop_audio_before(self.detector.position - padding)
         return out
@@ -461,6 +482,47 @@ class SessionCore:
             return None
         padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
         return max(0, self.detector.speech_start - padding)  # fixed for the whole speech
+
+    def turn_event(self, decision: TurnEvent) -> InputAudioSpeechStarted | InputAudioSpeechStopped:
+        """The event that tells the client speech started or stopped (with the speech's item id)."""
+        if isinstance(decision, SpeechStarted):
+            return InputAudioSpeechStarted(audio_start_ms=decision.start_ms, item_id=self.speech_item)
+        return InputAudioSpeechStopped(
+            audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms, item_id=self.speech_item
+        )
+
+    @property
+    def speech_interrupts(self) -> bool:
+        """True when speech that starts interrupts the running answer (``interrupt_response``)."""
+        turns = self.config.turn_detection
+        return turns is None or turns.interrupt_response
+
+    def answers_speech(self, answering: bool) -> bool:
+        """True when a spoken question is answered at once (``create_response``); with an answer
+        running, only when speech may interrupt it. Otherwise ``hold_spoken_question``."""
+        turns = self.config.turn_detection
+        return turns is None or (turns.create_response and (not answering or turns.interrupt_response))
+
+    def hold_spoken_question(self, question: SpokenQuestion) -> PendingInput:
+        """Keep a spoken question as an input of the next answer (a client's ``response.create``
+        or the next question); returns it. Raises ``audio_overflow``."""
+        if self._pending_audio_bytes() + len(question.pcm16) > self.limits.max_audio_bytes:
+            raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
+        item = PendingInput(question.item_id, None, question.pcm16)
+        self.inputs.append(item)
+        return item
+
+    def transcribed_input(self, item_id: str, transcript: str) -> InputTranscribed | None:
+        """A held spoken input's words replace its audio; returns the event to send, or None
+        when the input is gone (deleted, or taken by an answer meanwhile)."""
+        item = next((i for i in self.inputs if i.item_id == item_id and i.pcm16), None)
+        if item is None:
+            return None
+        audio_ms = _ms(item.pcm16)
+        item.text, item.pcm16, item.spoken = transcript.strip() or None, b"", True
+        if item.text is None:
+            self.inputs.remove(item)
+        return InputTranscribed(item_id=item_id, transcript=transcript, audio_ms=audio_ms)
 
     def audio_since(self, sample: int) -> bytes:
         """The buffered audio from stream sample ``sample`` to the newest."""
@@ -507,8 +569,16 @@ class SessionCore:
             pcm = bytes(self.audio) + extra
             self.audio.clear()
             self.audio_origin = self.audio_total
+        # spoken turns held by turn detection (create_response off) come first; v1 has no other inputs
+        held = [i.text for i in self.inputs if i.text]
+        pcm = b"".join(i.pcm16 for i in self.inputs) + pcm
+        question = "\n".join([*held, event.text]) if held else event.text
+        spoken = _spoken(self.inputs)
+        self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        return self._plan(frames, event.text, audio)
+        plan = self._plan(frames, question, audio)
+        plan.spoken = spoken
+        return plan
 
     def plan_spoken_query(self, question: SpokenQuestion) -> QueryPlan:
         """Start an answer to a question turn detection found. Raises ``no_frames``."""
@@ -547,9 +617,12 @@ class SessionCore:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
         question = "\n".join(i.text for i in self.inputs if i.text)
         pcm = b"".join(i.pcm16 for i in self.inputs)
+        spoken = _spoken(self.inputs)
         self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        return self._plan(frames, question, audio, request)
+        plan = self._plan(frames, question, audio, request)
+        plan.spoken = spoken
+        return plan
 
     def start_event(self, plan: QueryPlan) -> ResponseStart:
         """The ``response.start`` event of a planned answer (what its ``Answer`` starts with)."""
@@ -661,6 +734,7 @@ class SessionCore:
         assert plan.audio is not None
         audio_ms = round(len(plan.audio.pcm16) / 2 * 1000 / RATE, 1)
         plan.question = "\n".join(part for part in (transcript.strip(), plan.question.strip()) if part)
+        plan.spoken = "\n".join(part for part in (transcript.strip(), plan.spoken) if part)
         plan.audio = None
         return InputAudioTranscript(request_id=plan.request_id, transcript=transcript, audio_ms=audio_ms)
 
@@ -682,7 +756,7 @@ class SessionCore:
         timeline.admit(usable, newest=usable[-1] if usable else None)
         plan.used = timeline.frames
         plan.prompted = True
-        return self._render(plan.question, plan.audio, plan.instructions)
+        return replace(self._render(plan.question, plan.audio, plan.instructions), spoken=plan.spoken)
 
     def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
         timeline = self.timeline

@@ -43,6 +43,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    computed_field,
     field_validator,
     model_validator,
 )
@@ -89,6 +90,10 @@ class TurnDetection(BaseModel):
     ``threshold``: speech probability that starts speech (higher ignores more noise);
     ``silence_ms``: silence that ends it; ``prefix_padding_ms``: audio kept from before the
     start. ``silence_duration_ms`` is accepted for ``silence_ms`` (OpenAI's name).
+    ``create_response``: the end of speech starts an answer (false: the spoken turn waits
+    for the next question or ``response.create``); ``interrupt_response``: speech that
+    starts during an answer interrupts it (false: the answer goes on, and the words spoken
+    over it wait like ``create_response: false``). Both default true, as in OpenAI's API.
     """
 
     model_config = _STRICT
@@ -97,6 +102,8 @@ class TurnDetection(BaseModel):
     threshold: float = Field(0.5, ge=0.05, le=0.95)
     silence_ms: int = Field(500, ge=100, le=5000)
     prefix_padding_ms: int = Field(300, ge=0, le=2000)
+    create_response: bool = True
+    interrupt_response: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -362,11 +369,22 @@ class ResponseAudioDone(ServerEvent):
 
 
 class UsageInfo(BaseModel):
+    """An answer's tokens. ``text_tokens`` + ``image_tokens`` + ``audio_tokens`` ==
+    ``prompt_tokens`` (audio: the transcribed words of the question; see protocol.md)."""
+
     model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    image_tokens: int = 0
+    audio_tokens: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def text_tokens(self) -> int:
+        """The prompt tokens that are neither image nor audio tokens."""
+        return max(0, self.prompt_tokens - self.image_tokens - self.audio_tokens)
 
 
 class Timings(BaseModel):
@@ -391,6 +409,7 @@ class InputAudioSpeechStarted(ServerEvent):
 
     type: Literal["input_audio.speech_started"] = "input_audio.speech_started"
     audio_start_ms: float
+    item_id: str | None = Field(None, exclude=True)  # the core's id for this speech (not on the v1 wire)
 
 
 class InputAudioSpeechStopped(ServerEvent):
@@ -399,6 +418,7 @@ class InputAudioSpeechStopped(ServerEvent):
     type: Literal["input_audio.speech_stopped"] = "input_audio.speech_stopped"
     audio_start_ms: float
     audio_end_ms: float
+    item_id: str | None = Field(None, exclude=True)  # the core's id for this speech (not on the v1 wire)
 
 
 class InputAudioTranscript(ServerEvent):

@@ -21,7 +21,8 @@ and a session whose messages are still waiting is never closed as idle.
 
 Voice: with server turn detection the processor runs each audio chunk through the voice
 activity model; speech that starts interrupts the running answer (barge-in), speech that
-stops starts an answer. An answer first transcribes its audio when the engine cannot hear,
+stops starts an answer (``interrupt_response`` / ``create_response`` false: the answer goes
+on / the spoken turn is kept, transcribed, for the next answer: ``_hold_spoken``). An answer first transcribes its audio when the engine cannot hear,
 and speaks its text sentence by sentence when the engine cannot speak (``speech.py``).
 """
 
@@ -58,8 +59,6 @@ from handlers.resume import ParkedSession, ParkingLot
 from handlers.protocol import (
     AudioChunkIn,
     ErrorEvent,
-    InputAudioSpeechStarted,
-    InputAudioSpeechStopped,
     Ping,
     Pong,
     ResponseCancel,
@@ -448,16 +447,50 @@ class Session:
             raise SessionError(ErrorCode.INTERNAL_ERROR, "turn detection failed on this audio") from None
         for decision in self.core.detect_turns(probabilities):
             if isinstance(decision, SpeechStarted):
-                await self.send(InputAudioSpeechStarted(audio_start_ms=decision.start_ms))
-                await self.interrupt()  # barge-in: the speaker talks over the answer
+                await self.send(self.core.turn_event(decision))
+                if self.core.speech_interrupts:
+                    await self.interrupt()  # barge-in: the speaker talks over the answer
             elif isinstance(decision, SpeechStopped):
-                await self.send(InputAudioSpeechStopped(audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms))
+                await self.send(self.core.turn_event(decision))
+            elif isinstance(decision, SpokenQuestion) and not self.core.answers_speech(self.turn is not None):
+                await self._hold_spoken(decision)
             elif isinstance(decision, SpokenQuestion):
                 await self.interrupt()
                 listening, self._listening = self._listening, None
                 plan = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
                 await self._start_turn(plan, time.perf_counter(), listening)
         await self._listen()  # speech that started in this chunk
+
+    async def _hold_spoken(self, question: SpokenQuestion) -> None:
+        """A spoken question that starts no answer waits as an input of the next one; when the
+        engine cannot hear, its words are recognised now (``InputTranscribed``). Raises
+        ``audio_overflow`` or ``transcription_failed`` (the input then keeps its audio)."""
+        listening, self._listening = self._listening, None
+        try:
+            item = self.core.hold_spoken_question(question)
+        except SessionError:
+            with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    await listening.cancel()
+            raise
+        if not (self.core.voice.transcribes and self.core.config.use_audio_in_video) or self.voice.transcriber is None:
+            if listening is not None:
+                await listening.cancel()
+            return  # the engine hears it with the answer (or it is not used)
+        pcm = item.pcm16
+        if listening is None:
+            listening = Listening(self.voice.transcriber.open_stream(), 0, len(pcm) + 2)
+            await self._tg.start(listening.run)
+        seen = (listening.fed - listening.start) * 2
+        listening.add(pcm[seen:], listening.start + len(pcm) // 2, bounded=False)
+        try:
+            transcript = await listening.finish()
+        except SpeechError as exc:
+            log.warning("transcription failed for spoken item %s: %s", item.item_id, exc)
+            raise SessionError(ErrorCode.TRANSCRIPTION_FAILED, "the spoken question could not be transcribed") from None
+        event = self.core.transcribed_input(item.item_id, transcript)
+        if event is not None:
+            await self.send(event)
 
     async def _listen(self) -> None:
         """Hand the audio a question will take to a running transcription (started when such

@@ -61,6 +61,12 @@ async def streams_answer(server: RunningServer, engine_name: str) -> None:
     assert done["status"] == "completed" and done["finish_reason"] in {"stop", "length"}
     assert done["usage"]["prompt_tokens"] > 2 * IMAGE_TOKENS
     assert 0 < done["usage"]["completion_tokens"] <= 16
+    usage = done["usage"]
+    assert usage["text_tokens"] + usage["image_tokens"] + usage["audio_tokens"] == usage["prompt_tokens"]
+    if engine_name == "openai":  # vLLM's server does not report image tokens: estimated
+        assert abs(usage["image_tokens"] - 2 * IMAGE_TOKENS) <= 0.1 * 2 * IMAGE_TOKENS, usage
+    else:
+        assert usage["image_tokens"] == 2 * IMAGE_TOKENS, usage
     assert done["timings"]["ttft_ms"] is not None
     assert events[1]["frame_ids"] == ["a", "b"]
     await client.ws.close()

@@ -186,3 +186,35 @@ def test_realtime_codec_strips_the_wav_header_and_reports_cancel_reason() -> Non
     done = codec.encode(ResponseDone(request_id=plan.request_id, status="interrupted", timings=Timings(total_ms=1)))
     response = json.loads(done[-1])["response"]
     assert response["status"] == "cancelled" and response["status_details"]["reason"] == "client_cancelled"
+
+
+def test_turn_detection_policy_holds_spoken_questions() -> None:
+    """create_response off, or speech over an answer that interrupt_response protects: the
+    spoken question waits as an input under its speech item id; its words replace its audio
+    and the next question (v1 video.query or response.create) takes them."""
+    from handlers.core import SpokenQuestion
+    from handlers.protocol import VideoQuery
+    from handlers.turn_detection import SpeechStarted
+
+    core = _core(turn_detection={"type": "server_vad", "create_response": False})
+    assert not core.answers_speech(answering=False) and core.speech_interrupts
+    core.update({"turn_detection": {"type": "server_vad", "interrupt_response": False}})
+    assert core.answers_speech(answering=False) and not core.answers_speech(answering=True)
+    assert not core.speech_interrupts
+    core.update({"turn_detection": {"type": "server_vad"}})
+    assert core.answers_speech(answering=True) and core.speech_interrupts
+    _feed(core, 1, "f1")
+    core.speech_item = "item_speech_1"
+    started = core.turn_event(SpeechStarted(0))
+    assert started.item_id == "item_speech_1" and "item_id" not in json.loads(started.model_dump_json())
+    held = core.hold_spoken_question(SpokenQuestion(0.0, 500.0, bytes(320), "item_speech_1"))
+    assert core.inputs == [held]
+    event = core.transcribed_input("item_speech_1", " what is it ")
+    assert event is not None and event.item_id == "item_speech_1" and event.audio_ms == 10.0
+    assert core.inputs[0].text == "what is it" and core.inputs[0].pcm16 == b""
+    plan = core.plan_query(VideoQuery(type="video.query", text="and the colour?"))
+    assert plan.question == "what is it\nand the colour?" and plan.audio is None and core.inputs == []
+    assert core.transcribed_input("item_speech_1", "late") is None  # taken by the answer already
+    with pytest.raises(SessionError) as exc:
+        core.hold_spoken_question(SpokenQuestion(0.0, 500.0, bytes(2000), "item_speech_2"))
+    assert exc.value.code is ErrorCode.AUDIO_OVERFLOW

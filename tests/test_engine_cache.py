@@ -10,6 +10,7 @@ mistake changes their greedy tokens, which ``test_position_error_changes_tokens`
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -594,3 +595,18 @@ async def test_cancelled_warmup_stops_within_one_frame(rig: Rig) -> None:
         assert 0 < answer.usage.cached_tokens < answer.usage.prompt_tokens // 2
     finally:
         await engine.close()
+
+
+async def test_usage_splits_prompt_into_image_audio_and_text_tokens(rig: Rig) -> None:
+    """usage.image_tokens counts the processor's image token in the prompt's input ids and
+    usage.audio_tokens the spoken words' tokens; the rest of prompt_tokens is text."""
+    words = "What is on the table?"
+    query = dataclasses.replace(prompt_for(FRAMES[:3], words), spoken=words)
+    answer = await ask(rig.engine, "split", query)
+    ids = rig.reference.inputs(query)["input_ids"][0]
+    assert answer.usage.image_tokens == int((ids == rig.reference.processor.image_token_id).sum()) > 0
+    spoken = rig.reference.processor.tokenizer(words, add_special_tokens=False)["input_ids"]
+    assert answer.usage.audio_tokens == len(spoken) > 0
+    assert answer.usage.image_tokens + answer.usage.audio_tokens < answer.usage.prompt_tokens == len(ids)
+    plain = await ask(rig.engine, "split", prompt_for(FRAMES[:3], words))
+    assert plain.usage.audio_tokens == 0 and plain.usage.image_tokens == answer.usage.image_tokens

@@ -540,3 +540,24 @@ async def test_warm_requests_follow_the_cadence_and_cover_every_frame() -> None:
     assert len(slow[-1]) == len(fast[-1]) == 16  # the last warm request covers every frame
     assert all(len(a) < len(b) for a, b in zip(slow, slow[1:]))  # each one adds frames
     assert len(slow) <= 5 and len(fast) >= 2 * len(slow), (len(slow), len(fast))
+
+
+def test_remote_usage_splits_prompt_tokens() -> None:
+    """A remote answer's image tokens are the server's own count when it sends one, else the
+    prompt tokens less an estimate of its text; spoken words are estimated as audio tokens;
+    image + audio never exceed the prompt."""
+    from PIL import Image
+
+    from server.engines.base import ChatTurn, ImageSegment, Prompt, TextSegment, Usage
+    from server.engines.openai_engine import remote_usage
+
+    image = ImageSegment("k1", Image.new("RGB", (8, 8)))
+    prompt = Prompt((ChatTurn("system", (TextSegment("x" * 40),)), ChatTurn("user", (image, TextSegment("y" * 20)))),
+                    spoken="y" * 20)
+    reported = {"prompt_tokens": 300, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 250,
+                                                                                         "image_tokens": 256}}
+    assert remote_usage(reported, prompt) == Usage(300, 250, 5, 256, 5)
+    estimated = remote_usage({"prompt_tokens": 300, "completion_tokens": 5}, prompt)
+    assert estimated == Usage(300, 0, 5, 300 - (10 + 5 + 2 * 4), 5)
+    text_only = Prompt((ChatTurn("user", (TextSegment("hi"),)),), spoken="hello there friend")
+    assert remote_usage({"prompt_tokens": 3}, text_only) == Usage(3, 0, 0, 0, 3)

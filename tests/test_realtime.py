@@ -139,8 +139,11 @@ async def test_image_items_then_a_typed_question_stream_text(server: RunningServ
         usage = response["usage"]
         assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-        follow_up = await rt.ask("And now?")
-        assert follow_up[-1]["response"]["usage"]["input_token_details"]["cached_tokens"] > 0
+        follow_up = (await rt.ask("And now?"))[-1]["response"]["usage"]
+        details = follow_up["input_token_details"]
+        assert details["cached_tokens"] > 0 and details["image_tokens"] > 0 and details["audio_tokens"] == 0
+        assert details["text_tokens"] + details["image_tokens"] + details["audio_tokens"] == follow_up["input_tokens"]
+        assert follow_up["output_token_details"] == {"text_tokens": follow_up["output_tokens"], "audio_tokens": 0}
 
 
 async def test_filtered_and_evicted_frames_leave_the_conversation(server: RunningServer) -> None:
@@ -240,6 +243,10 @@ async def test_spoken_question_with_server_vad(server: RunningServer) -> None:
         transcript = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
         assert transcript["item_id"] == item and heard(clip.text, transcript["transcript"])
         assert events[-1]["response"]["status"] in {"completed", "incomplete"}
+        usage = events[-1]["response"]["usage"]
+        details = usage["input_token_details"]
+        assert details["audio_tokens"] > 0 and details["image_tokens"] > 0  # the transcribed words
+        assert details["text_tokens"] + details["image_tokens"] + details["audio_tokens"] == usage["input_tokens"]
 
 
 async def test_speech_over_an_answer_cancels_it_as_turn_detected(server: RunningServer) -> None:
@@ -270,6 +277,83 @@ async def test_speech_over_an_answer_cancels_it_as_turn_detected(server: Running
         assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
         later = await rt.until("response.done")  # the words spoken over it are the next question
         assert not [e for e in later if e["type"] == "response.output_audio.delta" and e["response_id"] == done["id"]]
+
+
+async def send_speech(rt: Conversation, text: str, **clip: Any) -> str:
+    """Append eSpeak NG speech of ``text`` as 24 kHz PCM16 in 40 ms chunks; returns what was said."""
+    spoken = speak_clip(text, noise=30, **clip)
+    pcm24 = resample(Pcm(spoken.pcm16, INPUT_RATE), OUTPUT_RATE).samples
+    step = 24_000 * 2 // 25
+    for i in range(0, len(pcm24), step):
+        await rt.conn.input_audio_buffer.append(audio=base64.b64encode(pcm24[i : i + step]).decode())
+    return spoken.text
+
+
+async def test_server_vad_without_create_response_waits_for_response_create(server: RunningServer) -> None:
+    """turn_detection.create_response false: speech still gives speech_started, speech_stopped,
+    committed, the user item and its transcription, but no response until response.create,
+    which then answers it."""
+    async with realtime(server) as rt:
+        await rt.conn.session.update(session={
+            "type": "realtime", "max_output_tokens": 6,
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 400,
+                                                   "create_response": False}}},
+        })
+        vad = (await rt.until("session.updated"))[-1]["session"]["audio"]["input"]["turn_detection"]
+        assert vad["create_response"] is False and vad["interrupt_response"] is True
+        await rt.add_image(5)
+        said = await send_speech(rt, "what color is the car", seed=2)
+        events = await rt.until("conversation.item.input_audio_transcription.completed")
+        assert kinds(events) == [
+            "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+            "conversation.item.added", "conversation.item.done",
+            "conversation.item.input_audio_transcription.completed",
+        ]
+        item = events[0]["item_id"]
+        assert {e.get("item_id", e.get("item", {}).get("id")) for e in events} == {item}
+        assert heard(said, events[-1]["transcript"])
+        await rt.conn.conversation.item.retrieve(item_id=item)  # answered in turn: no response came first
+        retrieved = await rt.until("conversation.item.retrieved")
+        assert kinds(retrieved) == ["conversation.item.retrieved"]
+        assert retrieved[-1]["item"]["content"] == [{"type": "input_text", "text": events[-1]["transcript"]}]
+        answer = await rt.ask()
+        assert kinds(answer).count("response.created") == 1
+        assert answer[-1]["response"]["status"] in {"completed", "incomplete"}
+        assert answer[-1]["response"]["usage"]["input_token_details"]["audio_tokens"] > 0  # its words were spoken
+        await rt.conn.conversation.item.retrieve(item_id=item)  # the answer used it up
+        assert (await rt.until("error"))[-1]["error"]["code"] == "item_not_found"
+
+
+async def test_server_vad_without_interrupt_response_lets_the_answer_go_on(server: RunningServer) -> None:
+    """turn_detection.interrupt_response false: speech during an answer does not cancel it;
+    the words are committed and transcribed as an item for the next response, and only the
+    client's response.cancel ends the answer (reason client_cancelled)."""
+    async with realtime(server) as rt:
+        await rt.conn.session.update(session={
+            "type": "realtime", "output_modalities": ["audio"], "max_output_tokens": "inf",
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 400,
+                                                   "interrupt_response": False}}},
+        })
+        await rt.until("session.updated")
+        await rt.add_image(6)
+        await rt.conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Describe it all."}]}
+        )
+        await rt.conn.response.create()
+        first = (await rt.until("response.output_audio.delta"))[-1]
+        said = await send_speech(rt, "how many people are in the room", lead_ms=300, seed=1)
+        heard_events = await rt.until("conversation.item.input_audio_transcription.completed")
+        order = kinds(heard_events)
+        assert "response.done" not in order  # the answer went on through the speech
+        assert order.index("input_audio_buffer.speech_started") < order.index("input_audio_buffer.committed")
+        assert heard(said, heard_events[-1]["transcript"])
+        await rt.conn.response.cancel()
+        events = await rt.until("response.done")
+        done = events[-1]["response"]
+        assert done["id"] == first["response_id"] and "response.created" not in kinds(events)
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+        answer = await rt.ask(max_output_tokens=4, output_modalities=["text"])  # answers the held words
+        assert answer[-1]["response"]["status"] in {"completed", "incomplete"}
 
 
 async def test_bad_events_get_realtime_errors_and_the_session_goes_on(server: RunningServer) -> None:

@@ -68,6 +68,9 @@ async def test_frame_ack_fields_and_query_stream(server: RunningServer) -> None:
     assert done["status"] == "completed" and done["finish_reason"] in {"stop", "length"}
     assert done["request_id"] == events[0]["request_id"] == consumed["request_id"]
     assert done["usage"]["prompt_tokens"] > 0 and 1 <= done["usage"]["completion_tokens"] <= 8
+    usage = done["usage"]
+    assert usage["image_tokens"] > 0 and usage["audio_tokens"] == 0
+    assert usage["text_tokens"] + usage["image_tokens"] + usage["audio_tokens"] == usage["prompt_tokens"]
     assert done["timings"]["ttft_ms"] > 0 and done["timings"]["total_ms"] >= done["timings"]["ttft_ms"]
     await client.ws.close()
 

@@ -34,6 +34,7 @@ from handlers.commands import (
     ConfigUpdated,
     DeleteItem,
     InputAdded,
+    InputTranscribed,
     ItemDeleted,
     ItemRetrieved,
     RetrieveItem,
@@ -190,6 +191,8 @@ class RealtimeCodec:
                         "threshold": vad.threshold,
                         "silence_ms": vad.silence_duration_ms,
                         "prefix_padding_ms": vad.prefix_padding_ms,
+                        "create_response": vad.create_response,
+                        "interrupt_response": vad.interrupt_response,
                     }.items()
                     if v is not None
                 }
@@ -276,12 +279,12 @@ class RealtimeCodec:
         if isinstance(event, ItemRetrieved):
             return [rt.ConversationItemRetrieved(event_id=self._eid(), item=_retrieved(event))]
         if isinstance(event, InputAudioSpeechStarted):
-            self._speech_item = self._new_item()
-            if self._answer is not None:
+            self._speech_item = event.item_id or self._new_item()
+            if self._answer is not None and (self.config.get("turn_detection") or {}).get("interrupt_response", True):
                 self._interrupted_by = "turn_detected"
             return [rt.SpeechStarted(event_id=self._eid(), audio_start_ms=int(event.audio_start_ms), item_id=self._speech_item)]
         if isinstance(event, InputAudioSpeechStopped):
-            item_id = self._speech_item or self._new_item()
+            item_id = event.item_id or self._speech_item or self._new_item()
             self._speech_item = None
             self._question_audio_item = item_id
             stopped = rt.SpeechStopped(event_id=self._eid(), audio_end_ms=int(event.audio_end_ms), item_id=item_id)
@@ -292,6 +295,13 @@ class RealtimeCodec:
             return [
                 rt.TranscriptionCompleted(
                     event_id=self._eid(), item_id=item_id, transcript=event.transcript,
+                    usage=rt.TranscriptionUsage(seconds=round(event.audio_ms / 1000, 3)),
+                )
+            ]
+        if isinstance(event, InputTranscribed):
+            return [
+                rt.TranscriptionCompleted(
+                    event_id=self._eid(), item_id=event.item_id, transcript=event.transcript,
                     usage=rt.TranscriptionUsage(seconds=round(event.audio_ms / 1000, 3)),
                 )
             ]
@@ -385,7 +395,11 @@ class RealtimeCodec:
                 total_tokens=usage.prompt_tokens + usage.completion_tokens,
                 input_tokens=usage.prompt_tokens,
                 output_tokens=usage.completion_tokens,
-                input_token_details=rt.InputTokenDetails(cached_tokens=usage.cached_tokens),
+                input_token_details=rt.InputTokenDetails(
+                    cached_tokens=usage.cached_tokens, text_tokens=usage.text_tokens,
+                    image_tokens=usage.image_tokens, audio_tokens=usage.audio_tokens,
+                ),
+                output_token_details=rt.OutputTokenDetails(text_tokens=usage.completion_tokens),
             ),
         )
         return [
@@ -433,6 +447,8 @@ class RealtimeCodec:
                     turn_detection=None if vad is None else rt.ServerVadOut(
                         threshold=vad["threshold"], prefix_padding_ms=vad["prefix_padding_ms"],
                         silence_duration_ms=vad["silence_ms"],
+                        create_response=vad.get("create_response", True),
+                        interrupt_response=vad.get("interrupt_response", True),
                     ),
                     transcription=self.transcription,
                     noise_reduction=self.noise_reduction,

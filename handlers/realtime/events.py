@@ -4,7 +4,8 @@ Client -> server (JSON text messages, each with a ``type`` and an optional ``eve
 
     session.update               session: type "realtime", instructions, output_modalities
                                  (["text"] or ["audio"]), max_output_tokens, audio.input
-                                 (format, turn_detection server_vad, transcription,
+                                 (format, turn_detection server_vad with
+                                 create_response / interrupt_response, transcription,
                                  noise_reduction), audio.output (format, voice, speed),
                                  livesight (num_frames, max_frames, enable_frame_filter,
                                  frame_filter_threshold, frame_timestamps, prefix_warmup,
@@ -336,10 +337,20 @@ class StatusDetails(_Out):
 
 
 class InputTokenDetails(_Out):
+    """``text_tokens + image_tokens + audio_tokens == input_tokens``; ``cached_tokens`` is a
+    part of ``input_tokens`` too (reused from the engine's cache)."""
+
     cached_tokens: int
-    text_tokens: int | None = None
-    image_tokens: int | None = None
-    audio_tokens: int | None = None
+    text_tokens: int
+    image_tokens: int
+    audio_tokens: int
+
+
+class OutputTokenDetails(_Out):
+    """The model writes text; spoken answers are synthesized from it (``audio_tokens`` 0)."""
+
+    text_tokens: int
+    audio_tokens: int = 0
 
 
 class Usage(_Out):
@@ -347,6 +358,7 @@ class Usage(_Out):
     input_tokens: int
     output_tokens: int
     input_token_details: InputTokenDetails
+    output_token_details: OutputTokenDetails
 
 
 class ResponseOut(_Out):

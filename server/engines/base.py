@@ -59,10 +59,14 @@ class Prompt:
 
     ``open_turn`` marks that the last user turn is not finished (a warm prefix):
     the engine renders it without closing the turn or adding a generation prompt.
+    ``spoken``: the words of the newest question that were speech (transcribed for a model
+    that cannot hear); they are in its text too, and an engine counts their tokens as
+    ``Usage.audio_tokens``.
     """
 
     turns: tuple[ChatTurn, ...]
     open_turn: bool = False
+    spoken: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +107,15 @@ class AudioChunk:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Token counts of one answer. ``image_tokens`` (what the prompt's images expand to) and
+    ``audio_tokens`` (the tokens of ``Prompt.spoken``) are parts of ``prompt_tokens``; the rest
+    of it is text. ``cached_tokens``: prompt tokens reused from the engine's cache."""
+
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    image_tokens: int = 0
+    audio_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

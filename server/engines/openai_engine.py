@@ -72,6 +72,8 @@ AUDIO_RATE = 24_000  # what OpenAI's pcm16 audio deltas (and vLLM-Omni's speech)
 _HEALTH_TIMEOUT_S = 3.0
 _CONNECT_TIMEOUT_S = 5.0
 _DATA_URL_CACHE = 512
+CHARS_PER_TOKEN = 4  # text length estimate where the server's tokenizer is not at hand
+MARKUP_TOKENS_PER_MESSAGE = 4  # a chat template's role markers around each message, estimated
 _HELD_KEYS = 8192  # content keys remembered per replica (a forgotten one is only sent again)
 _MISSES_BEFORE_DATA_ONLY = 3  # cache misses in a row after which a replica gets every image's data
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "tool_calls": "stop", "content_filter": "stop"}
@@ -312,16 +314,8 @@ class OpenAIEngine(Engine):
                 await response.aclose()  # a closed connection makes the server abort the request
         if reason is None:
             raise EngineError(f"{replica.base} ended the stream without finishing the answer")
-        details = usage.get("prompt_tokens_details") or {}
         self.traffic["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-        yield Finished(
-            _FINISH.get(reason, "stop"),
-            Usage(
-                int(usage.get("prompt_tokens") or 0),
-                int(details.get("cached_tokens") or 0),
-                int(usage.get("completion_tokens") or 0),
-            ),
-        )
+        yield Finished(_FINISH.get(reason, "stop"), remote_usage(usage, prompt))
 
     async def _open(
         self,
@@ -615,3 +609,33 @@ def plain_text(text: str) -> str:
     """User text for a remote server: every ``<`` that could open a special token is followed
     by a zero-width space, so the server's tokenizer reads no special token in it."""
     return _MARKUP_START.sub("<\u200b", text)
+
+
+def remote_usage(usage: dict[str, Any], prompt: Prompt) -> Usage:
+    """A remote answer's ``Usage`` from the server's ``usage`` record.
+
+    The server's own ``prompt_tokens_details.image_tokens`` is used when it sends one (vLLM
+    does not); otherwise image tokens are estimated as the prompt tokens less an estimate of
+    its text (``CHARS_PER_TOKEN`` characters a token, ``MARKUP_TOKENS_PER_MESSAGE`` a message).
+    Audio tokens (the spoken words, sent as text) are estimated the same way.
+    """
+    details = usage.get("prompt_tokens_details") or {}
+    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    texts = [seg.text for turn in prompt.turns for seg in turn.segments if isinstance(seg, TextSegment)]
+    has_images = any(isinstance(seg, ImageSegment) for turn in prompt.turns for seg in turn.segments)
+    if details.get("image_tokens") is not None:
+        images = int(details["image_tokens"])
+    elif has_images:
+        text_estimate = sum(_estimated_tokens(t) for t in texts) + MARKUP_TOKENS_PER_MESSAGE * len(prompt.turns)
+        images = max(0, prompt_tokens - text_estimate)
+    else:
+        images = 0
+    images = min(images, prompt_tokens)
+    spoken = min(_estimated_tokens(prompt.spoken) if prompt.spoken else 0, prompt_tokens - images)
+    return Usage(
+        prompt_tokens, int(details.get("cached_tokens") or 0), int(usage.get("completion_tokens") or 0), images, spoken
+    )
+
+
+def _estimated_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)

@@ -225,6 +225,24 @@ class PromptEncoder:
         self._pixels.put(image.key, inputs)
         return piece
 
+    # ------------------------------------------------------------------ usage
+    @property
+    def image_token_id(self) -> int | None:
+        """The token an image placeholder expands to (repeated once per image token)."""
+        token = getattr(self.processor, "image_token_id", None)
+        if token is None:
+            token = self.tokenizer.convert_tokens_to_ids(self.family.placeholder)
+        return None if token is None else int(token)
+
+    def image_tokens(self, pieces: list[Piece]) -> int:
+        """How many of ``pieces``' tokens are image tokens (the processor's image token id)."""
+        token = self.image_token_id
+        return sum(p.ids.count(token) for p in pieces if p.image_key is not None)
+
+    def text_tokens(self, text: str) -> int:
+        """The length of ``text`` tokenized alone (0 for no text)."""
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+
     # ------------------------------------------------------------------ positions
     def position_ids(self, pieces: list[Piece], start: int) -> tuple[torch.Tensor, int]:
         """Position ids for ``pieces`` placed after a cache whose next position is ``start``.

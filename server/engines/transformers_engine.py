@@ -158,7 +158,9 @@ class TransformersEngine(Engine):
             tail = detok.flush()
             if tail:
                 yield TextDelta(tail)
-            yield Finished(reason, Usage(prompt_tokens, cached, produced))
+            images = self.encoder.image_tokens(pieces)
+            spoken = min(self.encoder.text_tokens(prompt.spoken), prompt_tokens - images)
+            yield Finished(reason, Usage(prompt_tokens, cached, produced, images, spoken))
 
     # ------------------------------------------------------------------ model-thread jobs
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -196,13 +196,14 @@ class VllmEngine(Engine):
             seed=sampling.seed,
             output_kind=RequestOutputKind.DELTA,
         )
-        prompt_tokens = cached = produced = 0
+        prompt_tokens = cached = produced = images = 0
         reason = "length"
         # aclosing: closing this generator early must close (and so abort) the request at once
         async with aclosing(self._stream(session_id, request_id, prompt, params)) as outputs:
             async for out in outputs:
                 if out.prompt_token_ids is not None:
                     prompt_tokens = len(out.prompt_token_ids)
+                    images = self._image_tokens(out.prompt_token_ids)
                 cached = max(cached, out.num_cached_tokens or 0)
                 completion = out.outputs[0]
                 produced += len(completion.token_ids)
@@ -210,7 +211,24 @@ class VllmEngine(Engine):
                     yield TextDelta(completion.text)
                 if out.finished:
                     reason = _finish_reason(completion.finish_reason)
-        yield Finished(reason, Usage(prompt_tokens, cached, produced))
+        spoken = max(0, min(self._text_tokens(prompt.spoken), prompt_tokens - images))
+        yield Finished(reason, Usage(prompt_tokens, cached, produced, images, spoken))
+
+    def _image_tokens(self, token_ids: Any) -> int:
+        """Image tokens in a prompt: the processor's image token id, once per token it expands to."""
+        token = getattr(self._template, "image_token_id", None)
+        if token is None:
+            image_token = getattr(self._template, "image_token", None)
+            tokenizer = getattr(self._template, "tokenizer", self._template)
+            token = tokenizer.convert_tokens_to_ids(str(image_token)) if image_token is not None else None
+        return 0 if token is None else sum(1 for t in token_ids if t == token)
+
+    def _text_tokens(self, text: str) -> int:
+        """The length of ``text`` tokenized alone (0 for no text)."""
+        if not text or self._template is None:
+            return 0
+        tokenizer = getattr(self._template, "tokenizer", self._template)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ one engine request
     async def _stream(
