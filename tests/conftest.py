@@ -18,6 +18,11 @@ import websockets
 from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# No load shedding in the suite's servers (in-process and `livesight serve` children alike): the
+# suite shares two cores with Chromium and vLLM, and a frame shed there makes exact frame counts
+# flaky. Shedding is pinned by tests that set intake_max_wait_ms themselves (test_settings_wiring)
+# and by the read-ahead budgets (test_intake_faults), which this does not touch.
+os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
 from server.background import RunningServer, run_server  # noqa: E402
 from server.settings import Settings  # noqa: E402
@@ -40,10 +45,7 @@ def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     """The real server with the real transformers engine on the tiny model."""
     # No resume here: a test that drops a connection must not leave a parked session (and its
     # frames) behind for the next test's leak checks; tests/test_resume.py has its own server.
-    # No load shedding either: the suite shares two cores with Chromium and vLLM, and a frame
-    # shed there would make exact frame counts flaky. Shedding has its own tests
-    # (test_settings_wiring, test_intake_faults) and the load bench.
-    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0, intake_max_wait_ms=60_000)
+    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0)
     with run_server(settings) as running:
         yield running
 
