@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import statistics
 import subprocess
 import time
@@ -19,10 +18,11 @@ from dataclasses import dataclass
 
 import httpx
 import numpy as np
-import websockets
 from PIL import Image
 
+from handlers.protocol import UsageInfo
 from server.background import RunningServer, run_server
+from server.connection import Connection
 from server.settings import Settings
 
 
@@ -74,37 +74,26 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> N
 async def measure(server: RunningServer, frames: int, warm: bool, queries: int) -> Sample:
     """Buffer ``frames`` frames in a new session and time ``queries`` questions."""
     config = {
-        "type": "session.config", "prefix_warmup": warm, "enable_frame_filter": False,
+        "prefix_warmup": warm, "enable_frame_filter": False,
         "max_frames": max(frames, 1), "num_frames": min(max(frames, 1), 128),
         "sampling": {"temperature": 0, "max_tokens": 2}, "frame_timestamps": True,
     }
-    ttfts, server_ttfts, done = [], [], {}
-    async with websockets.connect(server.ws_url, max_size=None) as ws, httpx.AsyncClient(
-        base_url=server.http_url
-    ) as http:
-        await ws.send(json.dumps(config))
-        json.loads(await ws.recv())
-        for i in range(frames):
-            await ws.send(json.dumps({"type": "video.frame", "data": bench_frame(i), "frame_id": i, "pts_ms": i * 500}))
-        for _ in range(frames):
-            while json.loads(await ws.recv())["type"] != "video.frame.ack":
-                pass
-        for q in range(queries):
-            await wait_idle(http)
-            sent = time.perf_counter()
-            await ws.send(json.dumps({"type": "video.query", "text": f"what changed? ({q})"}))
-            first = None
-            while True:
-                event = json.loads(await ws.recv())
-                if first is None and event["type"] in {"video.frames.consumed", "response.text.delta"}:
-                    first = (time.perf_counter() - sent) * 1000
-                if event["type"] == "response.done":
-                    done = event
-                    break
-            ttfts.append(first if first is not None else float("nan"))
-            server_ttfts.append(done["timings"]["ttft_ms"])
-    usage = done.get("usage", {})
-    return Sample(frames, warm, ttfts, server_ttfts, usage.get("cached_tokens", 0), usage.get("prompt_tokens", 0))
+    ttfts, server_ttfts, usage = [], [], UsageInfo()
+    conn, _ = await Connection.open(server.ws_url, config)
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        try:
+            for i in range(frames):
+                await conn.send_frame(bench_frame(i), frame_id=i, pts_ms=i * 500)
+            await conn.wait_acks(frames)
+            for q in range(queries):
+                await wait_idle(http)
+                answer = await conn.ask_timed(f"what changed? ({q})")
+                ttfts.append(answer.first_output_ms)
+                server_ttfts.append(answer.done.timings.ttft_ms)
+                usage = answer.done.usage
+        finally:
+            await conn.close()
+    return Sample(frames, warm, ttfts, server_ttfts, usage.cached_tokens, usage.prompt_tokens)
 
 
 def render(samples: list[Sample]) -> str:
@@ -178,18 +167,13 @@ def _moving_frames(count: int, size: tuple[int, int]) -> list[str]:
 
 
 async def _send_frames(url: str, frames: list[str], warm: bool) -> int:
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": warm, "max_frames": 256,
-                                  "enable_frame_filter": False}))
-        await ws.recv()
+    conn, _ = await Connection.open(url, {"prefix_warmup": warm, "max_frames": 256, "enable_frame_filter": False})
+    try:
         for i, data in enumerate(frames):
-            await ws.send(json.dumps({"type": "video.frame", "data": data, "frame_id": i}))
-        accepted = 0
-        for _ in frames:
-            while (event := json.loads(await ws.recv()))["type"] != "video.frame.ack":
-                pass
-            accepted += event["accepted"]
-        return accepted
+            await conn.send_frame(data, frame_id=i)
+        return sum(ack.accepted for ack in await conn.wait_acks(len(frames)))
+    finally:
+        await conn.close()
 
 
 def run_intake(model: str | None, count: int) -> str:

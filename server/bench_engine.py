@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import websockets
 from PIL import Image
 
 from server.background import RunningServer, run_server
 from server.bench import wait_idle
+from server.connection import Connection
 from server.settings import Settings
 
 FRAME_SIZE = (640, 480)
@@ -206,27 +206,20 @@ async def _engine_stats(http: httpx.AsyncClient) -> dict:
 async def stream_session(server: RunningServer, frames: list[str], fps: float) -> None:
     """One session that keeps every frame in its window, fed ``frames`` at ``fps``."""
     config = {
-        "type": "session.config", "enable_frame_filter": False, "max_frames": max(len(frames), 1),
+        "enable_frame_filter": False, "max_frames": max(len(frames), 1),
         "num_frames": min(len(frames), 128), "sampling": {"temperature": 0, "max_tokens": 2},
     }
-    async with websockets.connect(server.ws_url, max_size=None) as ws:
-        await ws.send(json.dumps(config))
-        ready = json.loads(await ws.recv())
-        if ready.get("type") != "session.ready":
-            raise RuntimeError(f"the session was refused: {ready}")
+    conn, _ = await Connection.open(server.ws_url, config)  # StreamError: the session was refused
+    try:
         started = time.monotonic()
-        acks = 0
         for i, data in enumerate(frames):
             await asyncio.sleep(max(0.0, started + i / fps - time.monotonic()))
-            frame = {"type": "video.frame", "data": data, "frame_id": i, "pts_ms": int(i * 1000 / fps)}
-            await ws.send(json.dumps(frame))
-        while acks < len(frames):
-            event = json.loads(await ws.recv())
-            if event["type"] == "error":
-                raise RuntimeError(f"the session failed: {event}")
-            acks += event["type"] == "video.frame.ack"
+            await conn.send_frame(data, frame_id=i, pts_ms=int(i * 1000 / fps))
+        await conn.wait_acks(len(frames))  # StreamError: the session failed
         async with httpx.AsyncClient(base_url=server.http_url) as http:
             await wait_idle(http, 900)
+    finally:
+        await conn.close()
 
 
 async def measure(server: RunningServer, vllm: VllmApiServer, mode: str, frames: list[str], fps: float) -> Run:
