@@ -12,7 +12,6 @@ import asyncio
 import base64
 import io
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from handlers.protocol import UsageInfo
-from server.background import RunningServer, run_server
+from server.background import RunningServer, run_server, serve_process
 from server.connection import Connection
 from server.settings import Settings
 
@@ -56,19 +55,6 @@ async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the server did not settle")
         await asyncio.sleep(0.02)
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    """Wait until the server process at ``base`` answers /healthz. Raises ``RuntimeError``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            httpx.get(base + "/healthz", timeout=1).raise_for_status()
-            return
-        except httpx.HTTPError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("server did not start") from None
-            time.sleep(0.2)
 
 
 async def measure(server: RunningServer, frames: int, warm: bool, queries: int) -> Sample:
@@ -141,14 +127,6 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _moving_frames(count: int, size: tuple[int, int]) -> list[str]:
     """Distinct 640x480-style JPEGs (~60 KB): a textured scene with a moving block."""
     rng = np.random.default_rng(0)
@@ -178,20 +156,12 @@ async def _send_frames(url: str, frames: list[str], warm: bool) -> int:
 
 def run_intake(model: str | None, count: int) -> str:
     """CPU milliseconds the server process spends per accepted 640x480 frame."""
-    import os
-    import sys
-
-    port = _free_port()
     # A burst of frames is sent at once: no load shedding, so every frame's cost is measured.
-    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning",
-            "--intake-max-wait-ms", "600000", "--max-queue", str(count + 16)]
+    args = ["--log-level", "warning", "--intake-max-wait-ms", "600000", "--max-queue", str(count + 16)]
     if model:
         args += ["--model", model]
-    proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, proc)
-        url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
+    with serve_process(args) as served:
+        proc, base, url = served.proc, served.http_url, served.ws_url
         frames = _moving_frames(count, (640, 480))
         size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
         lines = [f"{count} frames, 640x480 JPEG, mean {size_kb:.0f} KB"]
@@ -211,6 +181,3 @@ def run_intake(model: str | None, count: int) -> str:
             lines.append(f"{label:28s}: {1000 * cpu / accepted:6.2f} ms CPU per accepted frame "
                          f"({accepted} accepted, {wall:.1f} s wall)")
         return "\n".join(lines)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

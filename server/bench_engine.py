@@ -23,8 +23,6 @@ import base64
 import io
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +33,7 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
-from server.background import RunningServer, run_server
+from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
 from server.bench import wait_idle
 from server.connection import Connection
 from server.settings import Settings
@@ -117,17 +115,11 @@ def tiny_idefics3(out_dir: Path, max_len: int) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class VllmApiServer:
     """vLLM's OpenAI-compatible server in a process group of its own."""
 
     def __init__(self, model_dir: Path, max_len: int, max_images: int, log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [
@@ -143,18 +135,7 @@ class VllmApiServer:
 
     def wait_ready(self) -> None:
         """Raises ``RuntimeError`` when the server exits or does not start in time."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the vLLM server did not start:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_healthy(self.url + "/health", self.proc, START_TIMEOUT_S, self.log_path)
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU time (user + system) of the server with every process below it (engine core,
@@ -162,13 +143,7 @@ class VllmApiServer:
         return process_tree_cpu_s(self.proc.pid), process_tree_cpu_s(self.proc.pid, descendants=False)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_process(self.proc, group=True)
 
 
 def process_tree_cpu_s(root: int, descendants: bool = True) -> float:
