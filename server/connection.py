@@ -114,7 +114,8 @@ def audio_chunk(pcm16: bytes) -> AudioChunkIn:
     return AudioChunkIn(type="audio.chunk", data=base64.b64encode(pcm16).decode("ascii"))
 
 
-def _matcher(match: Match) -> Callable[[AnyServerEvent], bool]:
+def matcher(match: Match) -> Callable[[AnyServerEvent], bool]:
+    """``match`` as a test on a typed event."""
     return (lambda event: event.type == match) if isinstance(match, str) else match
 
 
@@ -221,7 +222,7 @@ class Connection:
     async def receive_until(self, last: Match, timeout: float = 60) -> list[Received]:
         """Every event up to and including the first that ``last`` matches. Raises
         ``TimeoutError`` and ``websockets.ConnectionClosed``."""
-        is_last = _matcher(last)
+        is_last = matcher(last)
         out = []
         deadline = time.monotonic() + timeout
         while True:
