@@ -27,11 +27,11 @@ from server.settings import Settings
 
 
 @dataclass
-class RunningServer:
+class ServerAddress:
+    """Where a livesight server listens."""
+
     host: str
     port: int
-    app: Any
-    engine: Engine
 
     @property
     def ws_url(self) -> str:
@@ -40,6 +40,14 @@ class RunningServer:
     @property
     def http_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+@dataclass
+class RunningServer(ServerAddress):
+    """The server running in a thread of this process."""
+
+    app: Any
+    engine: Engine
 
 
 @contextmanager
@@ -112,20 +120,11 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30, *, group: bool =
 
 
 @dataclass
-class ServedProcess:
+class ServedProcess(ServerAddress):
     """``livesight serve`` running in a process of its own."""
 
     proc: subprocess.Popen
-    port: int
     log_path: Path | None
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}{WS_PATH}"
 
     def log(self) -> str:
         """What the server has logged so far ("" without a log file)."""
@@ -145,7 +144,7 @@ def serve_process(
     Raises ``RuntimeError`` (with the log's tail) when the server does not start.
     """
     port = free_port()
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args]
+    command = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     env = env if env is not None else {**os.environ, "HF_HUB_OFFLINE": "1"}
     log = log_path.open("ab") if log_path else None
     try:
@@ -153,7 +152,7 @@ def serve_process(
     finally:
         if log:
             log.close()
-    served = ServedProcess(proc, port, log_path)
+    served = ServedProcess("127.0.0.1", port, proc, log_path)
     try:
         wait_healthy(served.http_url + "/healthz", proc, start_timeout_s, log_path)
         yield served

@@ -24,10 +24,10 @@ import base64
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import websockets
@@ -54,6 +54,7 @@ from handlers.protocol import (
 
 #: What ends a wait: an event type, or a test on the typed event.
 Match = str | Callable[[AnyServerEvent], bool]
+T = TypeVar("T")
 
 
 class StreamError(Exception):
@@ -112,6 +113,19 @@ def video_frame(
 def audio_chunk(pcm16: bytes) -> AudioChunkIn:
     """The ``audio.chunk`` event of PCM16 little-endian mono 16 kHz audio."""
     return AudioChunkIn(type="audio.chunk", data=base64.b64encode(pcm16).decode("ascii"))
+
+
+async def collect_until(
+    receive: Callable[[float], Awaitable[T]], is_last: Callable[[T], bool], timeout: float
+) -> list[T]:
+    """What ``receive(seconds_left)`` returns, up to and including the first that ``is_last``
+    accepts, all within ``timeout`` seconds. Raises ``TimeoutError`` (and what ``receive`` raises)."""
+    out: list[T] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        out.append(await receive(max(0.01, deadline - time.monotonic())))
+        if is_last(out[-1]):
+            return out
 
 
 def matcher(match: Match) -> Callable[[AnyServerEvent], bool]:
@@ -223,12 +237,7 @@ class Connection:
         """Every event up to and including the first that ``last`` matches. Raises
         ``TimeoutError`` and ``websockets.ConnectionClosed``."""
         is_last = matcher(last)
-        out = []
-        deadline = time.monotonic() + timeout
-        while True:
-            out.append(await self.receive(max(0.01, deadline - time.monotonic())))
-            if is_last(out[-1].event):
-                return out
+        return await collect_until(self.receive, lambda received: is_last(received.event), timeout)
 
     async def wait_for(self, match: Match, timeout: float = 60) -> Received:
         """The first event that ``match`` matches (the ones before it are passed over)."""

@@ -16,7 +16,7 @@ from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from server.background import RunningServer, run_server  # noqa: E402
+from server.background import RunningServer, ServerAddress, run_server  # noqa: E402
 from server.connection import Connection, Received  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from server.tiny_model import make_tiny_model  # noqa: E402
@@ -106,7 +106,7 @@ class Client(Connection):
         return await self.collect_until("response.done", timeout=120)
 
 
-async def connect(server: RunningServer, **config: Any) -> tuple[Client, dict[str, Any]]:
+async def connect(server: ServerAddress, **config: Any) -> tuple[Client, dict[str, Any]]:
     """Open a session; returns the client and its ``session.ready``."""
     client, ready = await Client.open(server.ws_url, config, open_timeout=120)
     return client, ready.data
