@@ -19,6 +19,7 @@ import io
 import random
 import statistics
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import files
@@ -28,7 +29,7 @@ from typing import Any
 import httpx
 import websockets
 
-from handlers.protocol import ErrorEvent, FrameAck, FramesConsumed, ResponseDone, ResponseTextDelta
+from handlers.protocol import ErrorEvent, FrameAck, FramesConsumed, ResponseDone, ResponseStart, ResponseTextDelta
 from server.background import serve_process
 from server.bench import _process_cpu_s
 from server.connection import Connection, StreamError
@@ -82,7 +83,8 @@ async def _session(
     tally: Tally, probe: bool,
 ) -> None:
     pending: dict[str, float] = {}
-    asked: dict[str, float] = {}
+    asked: deque[float] = deque()  # when each question not yet started was sent (answered in order)
+    first_output: dict[str, float] = {}  # request_id -> when its question was sent, until its first output
     questions = [0, 0]  # asked, answered (response.done)
     done = asyncio.Event()
     config = {"prefix_warmup": False, "num_frames": 2, "sampling": {"max_tokens": 8, "temperature": 0}}
@@ -118,18 +120,23 @@ async def _session(
                             pending.pop(str(event.frame_id), None)
                         if event.code == "no_frames":
                             questions[1] += 1  # that question gets no response.done
+                            if asked:
+                                asked.popleft()
                         if event.closes_session:
                             tally.closed_by_server += 1
+                    elif isinstance(event, ResponseStart):
+                        if asked:
+                            first_output[event.request_id] = asked.popleft()
                     elif probe and isinstance(event, FramesConsumed | ResponseTextDelta):
-                        started = asked.pop("q", None)
-                        if started is not None:
-                            tally.probe_ttft_ms.append((time.perf_counter() - started) * 1000)
+                        sent = first_output.pop(event.request_id, None)
+                        if sent is not None:
+                            tally.probe_ttft_ms.append((time.perf_counter() - sent) * 1000)
                     elif isinstance(event, ResponseDone):
                         questions[1] += 1
                         tally.statuses[event.status] = tally.statuses.get(event.status, 0) + 1
                         if event.status == "completed":
                             tally.answers += 1
-                        asked.pop("q", None)
+                        first_output.pop(event.request_id, None)
                     if done.is_set() and not pending and questions[1] >= questions[0]:
                         return
             except websockets.ConnectionClosed:
@@ -153,7 +160,7 @@ async def _session(
             await conn.send_frame(frames[(index * 7 + n) % len(frames)], frame_id=frame_id, pts_ms=n * 1000 / fps)
             n += 1
             if ask_every_s > 0 and time.perf_counter() >= next_ask:
-                asked["q"] = time.perf_counter()
+                asked.append(time.perf_counter())
                 questions[0] += 1
                 await conn.query("what is happening?")
                 next_ask += ask_every_s
