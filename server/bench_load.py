@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from importlib.metadata import files
 from pathlib import Path
-from typing import Any
 
 import httpx
 import websockets

@@ -35,7 +35,6 @@ from typing import Any, Protocol, TextIO
 
 import websockets
 from PIL import Image
-from pydantic import BaseModel
 
 from handlers.protocol import (
     AnyServerEvent,
@@ -53,7 +52,7 @@ from handlers.protocol import (
     VideoFrame,
     VideoQuery,
 )
-from server.connection import Connection, StreamError, audio_chunk, video_frame
+from server.connection import ClientMessage, Connection, StreamError, audio_chunk, video_frame
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp"})
 # A question without a `response.start` gets one of these instead (the server answers in order).
@@ -232,7 +231,7 @@ class StreamClient:
         async with asyncio.timeout(timeout):
             await self._session_done.wait()
 
-    async def _send(self, event: BaseModel) -> None:
+    async def _send(self, event: ClientMessage) -> None:
         """Send an event; while a dropped connection is being resumed, wait for it first."""
         await self._connected.wait()
         try:

@@ -31,7 +31,7 @@ from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import websockets
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from handlers.errors import ErrorCode
 from handlers.protocol import (
@@ -54,6 +54,8 @@ from handlers.protocol import (
 
 #: What ends a wait: an event type, or a test on the typed event.
 Match = str | Callable[[AnyServerEvent], bool]
+#: The client events sent typed (``session.config`` goes out as the caller wrote it).
+ClientMessage = VideoFrame | AudioChunkIn | VideoQuery | ResponseCancel | VideoDone | Ping
 T = TypeVar("T")
 
 
@@ -172,7 +174,7 @@ class Connection:
         return conn, first
 
     # ------------------------------------------------------------------ sending
-    async def send_event(self, event: BaseModel) -> None:
+    async def send_event(self, event: ClientMessage) -> None:
         """Send one typed client event (``VideoFrame``, ``VideoQuery``...)."""
         await self.ws.send(event.model_dump_json(exclude_none=True))
 
