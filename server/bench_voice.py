@@ -128,7 +128,6 @@ class VoiceClient:
         """A session with ``config``; yields the client and its ``session.ready``, closes on exit.
         Raises ``StreamError`` when the server refuses the session."""
         conn, ready = await Connection.open(url, config)
-        assert isinstance(ready.event, SessionReady)
         client = cls(conn)
         try:
             async with asyncio.TaskGroup() as tg:

@@ -123,7 +123,8 @@ class Answer:
 class FrameStats:
     sent: int = 0
     accepted: int = 0
-    filtered: int = 0
+    filtered: int = 0  # like the frame before it
+    shed: int = 0  # dropped by a busy server (``reason: "overloaded"``)
 
 
 class StreamClient:
@@ -168,7 +169,6 @@ class StreamClient:
         async def open_session(extra: dict[str, Any]) -> tuple[Connection, SessionReady]:
             conn, ready = await Connection.open(url, {**(config or {}), **extra}, api_key=api_key,
                                                 open_timeout=open_timeout)
-            assert isinstance(ready.event, SessionReady)
             return conn, ready.event
 
         conn, ready = await open_session({})
@@ -293,6 +293,8 @@ class StreamClient:
         if isinstance(event, FrameAck):
             if event.accepted:
                 self.frames.accepted += 1
+            elif event.reason == "overloaded":
+                self.frames.shed += 1
             else:
                 self.frames.filtered += 1
         elif isinstance(event, ResponseStart):
@@ -536,8 +538,10 @@ async def run_stream(
             client, frames, questions, speed=speed, quality=quality, max_side=max_side, listener=printer
         )
         await client.finish()
+    stats = report.frames
+    shed = f", {stats.shed} shed by the busy server" if stats.shed else ""
     out.write(
-        f"\nsent {report.frames.sent} frames ({report.frames.accepted} accepted, {report.frames.filtered} filtered) "
+        f"\nsent {stats.sent} frames ({stats.accepted} accepted, {stats.filtered} filtered{shed}) "
         f"covering {report.video_time_s:.1f} s of video in {report.duration_s:.1f} s\n"
     )
     return report

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 from urllib.parse import quote
 
 import websockets
@@ -57,6 +57,7 @@ Match = str | Callable[[AnyServerEvent], bool]
 #: The client events sent typed (``session.config`` goes out as the caller wrote it).
 ClientMessage = VideoFrame | AudioChunkIn | VideoQuery | ResponseCancel | VideoDone | Ping
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 class StreamError(Exception):
@@ -77,10 +78,10 @@ class UnknownEvent(ValueError):
 
 
 @dataclass
-class Received:
+class Received(Generic[E]):
     """One server event as read: typed, as sent, and when."""
 
-    event: AnyServerEvent
+    event: E
     raw: str | bytes
     at: float = field(default_factory=time.perf_counter)
 
@@ -146,9 +147,9 @@ class Connection:
     async def open(
         cls, url: str, config: dict[str, Any] | None = None, *, api_key: str | None = None,
         open_timeout: float = 30, **connect: Any,
-    ) -> tuple[Self, Received]:
+    ) -> tuple[Self, Received[SessionReady]]:
         """Connect and send ``session.config`` with ``config`` (sent as given: the server judges
-        it); returns the connection and its ``session.ready`` (``.event`` is a ``SessionReady``).
+        it); returns the connection and its ``session.ready``.
         A ``resume_failed`` error is passed over: the server starts a new session after it.
         ``connect``: more ``websockets.connect`` arguments (headers, compression).
 
@@ -171,7 +172,7 @@ class Connection:
         except BaseException:
             await ws.close()
             raise
-        return conn, first
+        return conn, cast("Received[SessionReady]", first)
 
     # ------------------------------------------------------------------ sending
     async def send_event(self, event: ClientMessage) -> None:
@@ -214,7 +215,7 @@ class Connection:
         await self.ws.close()
 
     # ------------------------------------------------------------------ receiving
-    async def receive(self, timeout: float | None = None) -> Received:
+    async def receive(self, timeout: float | None = None) -> Received[AnyServerEvent]:
         """The next server event. Raises ``TimeoutError``, ``websockets.ConnectionClosed``
         and ``UnknownEvent``."""
         async with asyncio.timeout(timeout):
