@@ -11,18 +11,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 
 import httpx
 import numpy as np
-import websockets
 from PIL import Image
 
-from server.background import RunningServer, run_server
+from handlers.protocol import UsageInfo
+from server.background import RunningServer, run_server, serve_process
+from server.connection import Connection
 from server.settings import Settings
 
 
@@ -58,53 +57,29 @@ async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:
         await asyncio.sleep(0.02)
 
 
-def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    """Wait until the server process at ``base`` answers /healthz. Raises ``RuntimeError``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            httpx.get(base + "/healthz", timeout=1).raise_for_status()
-            return
-        except httpx.HTTPError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("server did not start") from None
-            time.sleep(0.2)
-
-
 async def measure(server: RunningServer, frames: int, warm: bool, queries: int) -> Sample:
     """Buffer ``frames`` frames in a new session and time ``queries`` questions."""
     config = {
-        "type": "session.config", "prefix_warmup": warm, "enable_frame_filter": False,
+        "prefix_warmup": warm, "enable_frame_filter": False,
         "max_frames": max(frames, 1), "num_frames": min(max(frames, 1), 128),
         "sampling": {"temperature": 0, "max_tokens": 2}, "frame_timestamps": True,
     }
-    ttfts, server_ttfts, done = [], [], {}
-    async with websockets.connect(server.ws_url, max_size=None) as ws, httpx.AsyncClient(
-        base_url=server.http_url
-    ) as http:
-        await ws.send(json.dumps(config))
-        json.loads(await ws.recv())
-        for i in range(frames):
-            await ws.send(json.dumps({"type": "video.frame", "data": bench_frame(i), "frame_id": i, "pts_ms": i * 500}))
-        for _ in range(frames):
-            while json.loads(await ws.recv())["type"] != "video.frame.ack":
-                pass
-        for q in range(queries):
-            await wait_idle(http)
-            sent = time.perf_counter()
-            await ws.send(json.dumps({"type": "video.query", "text": f"what changed? ({q})"}))
-            first = None
-            while True:
-                event = json.loads(await ws.recv())
-                if first is None and event["type"] in {"video.frames.consumed", "response.text.delta"}:
-                    first = (time.perf_counter() - sent) * 1000
-                if event["type"] == "response.done":
-                    done = event
-                    break
-            ttfts.append(first if first is not None else float("nan"))
-            server_ttfts.append(done["timings"]["ttft_ms"])
-    usage = done.get("usage", {})
-    return Sample(frames, warm, ttfts, server_ttfts, usage.get("cached_tokens", 0), usage.get("prompt_tokens", 0))
+    ttfts, server_ttfts, usage = [], [], UsageInfo()
+    conn, _ = await Connection.open(server.ws_url, config)
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        try:
+            for i in range(frames):
+                await conn.send_frame(bench_frame(i), frame_id=i, pts_ms=i * 500)
+            await conn.wait_acks(frames)
+            for q in range(queries):
+                await wait_idle(http)
+                answer = await conn.ask_timed(f"what changed? ({q})")
+                ttfts.append(answer.first_output_ms)
+                server_ttfts.append(answer.done.timings.ttft_ms)
+                usage = answer.done.usage
+        finally:
+            await conn.close()
+    return Sample(frames, warm, ttfts, server_ttfts, usage.cached_tokens, usage.prompt_tokens)
 
 
 def render(samples: list[Sample]) -> str:
@@ -152,14 +127,6 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _moving_frames(count: int, size: tuple[int, int]) -> list[str]:
     """Distinct 640x480-style JPEGs (~60 KB): a textured scene with a moving block."""
     rng = np.random.default_rng(0)
@@ -178,36 +145,23 @@ def _moving_frames(count: int, size: tuple[int, int]) -> list[str]:
 
 
 async def _send_frames(url: str, frames: list[str], warm: bool) -> int:
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": warm, "max_frames": 256,
-                                  "enable_frame_filter": False}))
-        await ws.recv()
+    conn, _ = await Connection.open(url, {"prefix_warmup": warm, "max_frames": 256, "enable_frame_filter": False})
+    try:
         for i, data in enumerate(frames):
-            await ws.send(json.dumps({"type": "video.frame", "data": data, "frame_id": i}))
-        accepted = 0
-        for _ in frames:
-            while (event := json.loads(await ws.recv()))["type"] != "video.frame.ack":
-                pass
-            accepted += event["accepted"]
-        return accepted
+            await conn.send_frame(data, frame_id=i)
+        return sum(ack.accepted for ack in await conn.wait_acks(len(frames)))
+    finally:
+        await conn.close()
 
 
 def run_intake(model: str | None, count: int) -> str:
     """CPU milliseconds the server process spends per accepted 640x480 frame."""
-    import os
-    import sys
-
-    port = _free_port()
     # A burst of frames is sent at once: no load shedding, so every frame's cost is measured.
-    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning",
-            "--intake-max-wait-ms", "600000", "--max-queue", str(count + 16)]
+    args = ["--log-level", "warning", "--intake-max-wait-ms", "600000", "--max-queue", str(count + 16)]
     if model:
         args += ["--model", model]
-    proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, proc)
-        url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
+    with serve_process(args) as served:
+        proc, base, url = served.proc, served.http_url, served.ws_url
         frames = _moving_frames(count, (640, 480))
         size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
         lines = [f"{count} frames, 640x480 JPEG, mean {size_kb:.0f} KB"]
@@ -227,6 +181,3 @@ def run_intake(model: str | None, count: int) -> str:
             lines.append(f"{label:28s}: {1000 * cpu / accepted:6.2f} ms CPU per accepted frame "
                          f"({accepted} accepted, {wall:.1f} s wall)")
         return "\n".join(lines)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

@@ -20,16 +20,16 @@ client, from sending ``video.query`` to the first ``video.frames.consumed`` or t
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
-import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
-import websockets
 
 from server.background import RunningServer, run_server
 from server.bench import bench_frame, wait_idle
+from server.connection import Connection
 from server.settings import Settings
 
 ANSWER_TOKENS = 16
@@ -67,57 +67,46 @@ class Conversation:
 
 
 class _Client:
-    """A bare WebSocket client that times questions."""
+    """A session that sends numbered frames and times questions."""
 
-    def __init__(self, ws: websockets.ClientConnection) -> None:
-        self.ws = ws
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
         self.sent = 0
 
     async def frames(self, count: int, start: int, interval_s: float = 0.0) -> None:
         for i in range(start, start + count):
-            await self.ws.send(json.dumps(
-                {"type": "video.frame", "data": bench_frame(i), "frame_id": i, "pts_ms": i * 500}
-            ))
-            while json.loads(await self.ws.recv())["type"] != "video.frame.ack":
-                pass
+            await self.conn.send_frame(bench_frame(i), frame_id=i, pts_ms=i * 500)
+            await self.conn.wait_acks(1)
             if interval_s and i < start + count - 1:
                 await asyncio.sleep(interval_s)
 
     async def ask(self, kind: str) -> Ask:
         self.sent += 1
-        started = time.perf_counter()
-        await self.ws.send(json.dumps({"type": "video.query", "text": f"What changed, and where? ({self.sent})"}))
-        first = None
-        while True:
-            event = json.loads(await self.ws.recv())
-            if first is None and event["type"] in {"video.frames.consumed", "response.text.delta"}:
-                first = (time.perf_counter() - started) * 1000
-            if event["type"] == "response.done":
-                usage = event["usage"]
-                return Ask(kind, first if first is not None else float("nan"),
-                           usage["prompt_tokens"], usage["cached_tokens"])
+        answer = await self.conn.ask_timed(f"What changed, and where? ({self.sent})")
+        usage = answer.done.usage
+        return Ask(kind, answer.first_output_ms, usage.prompt_tokens, usage.cached_tokens)
 
 
+@asynccontextmanager
 async def _session(
     server: RunningServer, frames: int, warm: bool, window: int | None = None
-) -> tuple[_Client, websockets.ClientConnection]:
-    ws = await websockets.connect(server.ws_url, max_size=None)
+) -> AsyncIterator[_Client]:
     window = window or min(frames + 2 * NEW_FRAMES + 2, 128)
-    await ws.send(json.dumps({
-        "type": "session.config", "prefix_warmup": warm, "enable_frame_filter": False,
-        "max_frames": window, "num_frames": window,
+    conn, _ = await Connection.open(server.ws_url, {
+        "prefix_warmup": warm, "enable_frame_filter": False, "max_frames": window, "num_frames": window,
         "sampling": {"temperature": 0, "max_tokens": ANSWER_TOKENS}, "frame_timestamps": True,
-    }))
-    json.loads(await ws.recv())
-    return _Client(ws), ws
+    })
+    try:
+        yield _Client(conn)
+    finally:
+        await conn.close()
 
 
 async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> Conversation:
     """One warm conversation over ``frames`` buffered frames, then the cold first question."""
     result = Conversation(frames)
     async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as http:
-        client, ws = await _session(server, frames, warm=True)
-        async with ws:
+        async with _session(server, frames, warm=True) as client:
             await client.frames(frames, 0)
             await wait_idle(http)
             result.asks.append(await client.ask("first"))
@@ -128,15 +117,13 @@ async def converse(server: RunningServer, frames: int, follow_ups: int = 3) -> C
                 result.asks.append(await client.ask("after-frames"))
                 result.asks.append(await client.ask("follow-up"))
         await wait_idle(http)
-        client, ws = await _session(server, frames, warm=False)
-        async with ws:
+        async with _session(server, frames, warm=False) as client:
             await client.frames(frames, 0)
             await wait_idle(http)
             result.asks.append(await client.ask("cold"))
         await wait_idle(http)
         if frames >= 8:
-            client, ws = await _session(server, frames, warm=True, window=frames)
-            async with ws:
+            async with _session(server, frames, warm=True, window=frames) as client:
                 await client.frames(frames, 1000)
                 await wait_idle(http)
                 await client.ask("warm")

@@ -23,8 +23,6 @@ import base64
 import io
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import websockets
 from PIL import Image
 
-from server.background import RunningServer, run_server
+from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
 from server.bench import wait_idle
+from server.connection import Connection
 from server.settings import Settings
 
 FRAME_SIZE = (640, 480)
@@ -117,17 +115,11 @@ def tiny_idefics3(out_dir: Path, max_len: int) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class VllmApiServer:
     """vLLM's OpenAI-compatible server in a process group of its own."""
 
     def __init__(self, model_dir: Path, max_len: int, max_images: int, log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [
@@ -143,18 +135,7 @@ class VllmApiServer:
 
     def wait_ready(self) -> None:
         """Raises ``RuntimeError`` when the server exits or does not start in time."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the vLLM server did not start:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_healthy(self.url + "/health", self.proc, START_TIMEOUT_S, self.log_path)
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU time (user + system) of the server with every process below it (engine core,
@@ -162,13 +143,7 @@ class VllmApiServer:
         return process_tree_cpu_s(self.proc.pid), process_tree_cpu_s(self.proc.pid, descendants=False)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_process(self.proc, group=True)
 
 
 def process_tree_cpu_s(root: int, descendants: bool = True) -> float:
@@ -206,27 +181,20 @@ async def _engine_stats(http: httpx.AsyncClient) -> dict:
 async def stream_session(server: RunningServer, frames: list[str], fps: float) -> None:
     """One session that keeps every frame in its window, fed ``frames`` at ``fps``."""
     config = {
-        "type": "session.config", "enable_frame_filter": False, "max_frames": max(len(frames), 1),
+        "enable_frame_filter": False, "max_frames": max(len(frames), 1),
         "num_frames": min(len(frames), 128), "sampling": {"temperature": 0, "max_tokens": 2},
     }
-    async with websockets.connect(server.ws_url, max_size=None) as ws:
-        await ws.send(json.dumps(config))
-        ready = json.loads(await ws.recv())
-        if ready.get("type") != "session.ready":
-            raise RuntimeError(f"the session was refused: {ready}")
+    conn, _ = await Connection.open(server.ws_url, config)  # StreamError: the session was refused
+    try:
         started = time.monotonic()
-        acks = 0
         for i, data in enumerate(frames):
             await asyncio.sleep(max(0.0, started + i / fps - time.monotonic()))
-            frame = {"type": "video.frame", "data": data, "frame_id": i, "pts_ms": int(i * 1000 / fps)}
-            await ws.send(json.dumps(frame))
-        while acks < len(frames):
-            event = json.loads(await ws.recv())
-            if event["type"] == "error":
-                raise RuntimeError(f"the session failed: {event}")
-            acks += event["type"] == "video.frame.ack"
+            await conn.send_frame(data, frame_id=i, pts_ms=int(i * 1000 / fps))
+        await conn.wait_acks(len(frames))  # StreamError: the session failed
         async with httpx.AsyncClient(base_url=server.http_url) as http:
             await wait_idle(http, 900)
+    finally:
+        await conn.close()
 
 
 async def measure(server: RunningServer, vllm: VllmApiServer, mode: str, frames: list[str], fps: float) -> Run:

@@ -18,6 +18,7 @@ frame.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -27,6 +28,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from handlers.protocol import AnyServerEvent, ErrorEvent, FrameAck
+from server.connection import Connection, Match
 
 # Codes a message of each kind may get (``closes_session`` must always be false after config).
 PARSE = frozenset({"invalid_json", "invalid_message", "unknown_type"})
@@ -209,17 +213,19 @@ class FuzzStats:
 
 
 class FuzzSession:
-    """One live session taking hostile messages (synchronous websockets client)."""
+    """One live session taking hostile messages, driven from synchronous code (hypothesis)
+    through a ``Connection`` on an event loop of its own."""
 
     def __init__(self, url: str) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(url, max_size=None, open_timeout=60)
+        self._runner = asyncio.Runner()
         # a fixed seed: answers in this process must not touch the global random state (hypothesis checks it)
-        self.ws.send(json.dumps({"type": "session.config", "sampling": {"max_tokens": 1, "seed": 0}, "max_frames": 8}))
-        ready = json.loads(self.ws.recv(timeout=60))
-        if ready.get("type") != "session.ready":
-            raise AssertionError(f"no session.ready: {ready}")
+        config = {"sampling": {"max_tokens": 1, "seed": 0}, "max_frames": 8}
+        try:
+            self.conn, _ = self._runner.run(Connection.open(url, config, open_timeout=60))
+        except BaseException:
+            self._runner.close()
+            raise
+        self._open = True
         self.stats = FuzzStats()
         self._sync = 0
         rng = np.random.default_rng(0)
@@ -233,49 +239,44 @@ class FuzzSession:
         for message in huge_messages():
             self.send(message)
 
-    def _sync_frame(self) -> tuple[str, str]:
+    async def _sync_frame(self) -> Match:
+        """Send the next valid frame; returns the test for its ack."""
         self._sync += 1
         frame_id = f"sync-{self._sync}"
-        data = self._sync_images[self._sync % len(self._sync_images)]
-        return frame_id, json.dumps({"type": "video.frame", "data": data, "frame_id": frame_id})
+        await self.conn.send_frame(self._sync_images[self._sync % len(self._sync_images)], frame_id=frame_id)
+        return lambda e: isinstance(e, FrameAck) and e.frame_id == frame_id
 
-    def _events_until(self, match: Any, timeout: float = 60) -> list[dict[str, Any]]:
-        out = []
-        deadline = time.monotonic() + timeout
-        while True:
-            event = json.loads(self.ws.recv(timeout=max(0.01, deadline - time.monotonic())))
-            out.append(event)
-            if match(event):
-                return out
+    async def _exchange(self, message: Hostile) -> list[AnyServerEvent]:
+        """Send ``message`` and a marker answered after it; returns the events up to the marker's."""
+        await self.conn.send_raw(message.raw)
+        if message.media:  # answered in order with frames: a frame's ack follows its answers
+            marker = await self._sync_frame()
+        else:  # answered by the reader at once, in order with a ping
+            await self.conn.ping()
+            marker = "pong"
+        return [received.event for received in await self.conn.receive_until(marker)]
 
     def send(self, message: Hostile) -> None:
         """Send one hostile message and check what came back. Raises ``AssertionError``."""
-        self.ws.send(message.raw)
-        if message.media:  # answered in order with frames: a frame's ack follows its answers
-            sync_id, sync = self._sync_frame()
-            self.ws.send(sync)
-            events = self._events_until(lambda e: e.get("type") == "video.frame.ack" and e.get("frame_id") == sync_id)
-        else:  # answered by the reader at once, in order with a ping
-            self.ws.send('{"type": "ping"}')
-            events = self._events_until(lambda e: e.get("type") == "pong")
+        events = self._runner.run(self._exchange(message))
         self.stats.messages += 1
         answered = message.frame_id is None
         for event in events:
-            if event["type"] == "error":
-                code = event["code"]
+            if isinstance(event, ErrorEvent):
+                code = event.code
                 self.stats.errors[code] = self.stats.errors.get(code, 0) + 1
-                late = code in LATE and (event.get("frame_id") in self._acked or code != "invalid_image")
+                late = code in LATE and (event.frame_id in self._acked or code != "invalid_image")
                 if code not in message.allowed and not late:
-                    raise AssertionError(f"{message!r} got undocumented {code}: {event['message']}")
-                if event.get("closes_session"):
+                    raise AssertionError(f"{message!r} got undocumented {code}: {event.message}")
+                if event.closes_session:
                     raise AssertionError(f"{message!r} closed the session: {event}")
-                if message.frame_id is not None and event.get("frame_id") == message.frame_id:
+                if message.frame_id is not None and event.frame_id == message.frame_id:
                     answered = True
-            elif event["type"] == "video.frame.ack":
+            elif isinstance(event, FrameAck):
                 self.stats.acks += 1
-                if event["frame_id"] == message.frame_id:
+                if event.frame_id == message.frame_id:
                     answered = True
-                    if event["accepted"]:
+                    if event.accepted:
                         self._acked.add(message.frame_id)
         if not answered:
             raise AssertionError(f"{message!r} got neither an ack nor an error: {events}")
@@ -284,18 +285,31 @@ class FuzzSession:
 
     def check_alive(self) -> None:
         """A ping gets its pong. Raises ``AssertionError``."""
-        self.ws.send(json.dumps({"type": "ping"}))
-        self._events_until(lambda e: e.get("type") == "pong", timeout=30)
+
+        async def ping() -> None:
+            await self.conn.ping()
+            await self.conn.wait_for("pong", timeout=30)
+
+        self._runner.run(ping())
 
     def close(self) -> FuzzStats:
         """Check the session still works (pong, a valid frame's ack), then close it."""
         self.check_alive()
-        sync_id, sync = self._sync_frame()
-        self.ws.send(sync)
-        self._events_until(lambda e: e.get("type") == "video.frame.ack" and e.get("frame_id") == sync_id)
-        self.ws.close()
+
+        async def last_frame() -> None:
+            await self.conn.wait_for(await self._sync_frame())
+
+        self._runner.run(last_frame())
         self.stats.seconds = time.perf_counter() - self._started
+        self.shut()
         return self.stats
+
+    def shut(self) -> None:
+        """Close the connection and its event loop (again: nothing)."""
+        if self._open:
+            self._open = False
+            self._runner.run(self.conn.close())
+            self._runner.close()
 
 
 def wait_for_clean_metrics(http_url: str, timeout: float = 30) -> dict[str, Any]:
@@ -339,8 +353,12 @@ def fuzz(url: str, messages: int, seed: int | None = None) -> FuzzStats:
 
     if seed is not None:
         one = fix_seed(seed)(one)
-    one()
-    return holder["session"].close()
+    try:
+        one()
+        return holder["session"].close()
+    finally:
+        if "session" in holder:
+            holder["session"].shut()
 
 
 def run_fuzz(model: str | None, examples: int, seed: int | None) -> str:

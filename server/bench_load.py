@@ -16,23 +16,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import files
 from pathlib import Path
-from typing import Any
 
 import httpx
 import websockets
 
-from server.bench import _free_port, _process_cpu_s, wait_healthy
+from handlers.protocol import ErrorEvent, FrameAck, FramesConsumed, ResponseDone, ResponseStart, ResponseTextDelta
+from server.background import serve_process
+from server.bench import _process_cpu_s
+from server.connection import Connection, StreamError
 
 
 def sample_clip() -> Path:
@@ -83,62 +82,66 @@ async def _session(
     tally: Tally, probe: bool,
 ) -> None:
     pending: dict[str, float] = {}
-    asked: dict[str, float] = {}
+    asked: deque[float] = deque()  # when each question not yet started was sent (answered in order)
+    first_output: dict[str, float] = {}  # request_id -> when its question was sent, until its first output
     questions = [0, 0]  # asked, answered (response.done)
     done = asyncio.Event()
-    async with websockets.connect(url, max_size=None, compression=None, open_timeout=60) as ws:
-        await ws.send(json.dumps({"type": "session.config", "prefix_warmup": False, "num_frames": 2,
-                                  "sampling": {"max_tokens": 8, "temperature": 0}}))
-        ready = json.loads(await ws.recv())
-        if ready["type"] != "session.ready":
-            tally.closed_by_server += 1
-            tally.errors[ready.get("code", "?")] = tally.errors.get(ready.get("code", "?"), 0) + 1
-            return
+    config = {"prefix_warmup": False, "num_frames": 2, "sampling": {"max_tokens": 8, "temperature": 0}}
+    try:
+        conn, _ = await Connection.open(url, config, open_timeout=60, compression=None)
+    except StreamError as refused:
+        tally.closed_by_server += 1
+        tally.errors[refused.code] = tally.errors.get(refused.code, 0) + 1
+        return
+    try:
 
         async def reader() -> None:
             try:
-                async for raw in ws:
-                    event = json.loads(raw)
-                    kind = event["type"]
-                    if kind == "video.frame.ack":
-                        sent = pending.pop(str(event["frame_id"]), None)
+                while True:
+                    event = (await conn.receive()).event
+                    if isinstance(event, FrameAck):
+                        sent = pending.pop(str(event.frame_id), None)
                         if sent is not None:
                             latency = (time.perf_counter() - sent) * 1000
                             tally.ack_ms.append(latency)
                             tally.acked += 1
-                            reason = event.get("reason")
-                            if event["accepted"]:
+                            if event.accepted:
                                 tally.accepted += 1
                                 tally.accepted_ms.append(latency)
-                            elif reason == "overloaded":
+                            elif event.reason == "overloaded":
                                 tally.shed += 1
                                 tally.shed_ms.append(latency)
                             else:
                                 tally.filtered += 1
-                    elif kind == "error":
-                        tally.errors[event["code"]] = tally.errors.get(event["code"], 0) + 1
-                        if event.get("frame_id") is not None:
-                            pending.pop(str(event["frame_id"]), None)
-                        if event["code"] == "no_frames":
+                    elif isinstance(event, ErrorEvent):
+                        tally.errors[event.code] = tally.errors.get(event.code, 0) + 1
+                        if event.frame_id is not None:
+                            pending.pop(str(event.frame_id), None)
+                        if event.code == "no_frames":
                             questions[1] += 1  # that question gets no response.done
-                        if event.get("closes_session"):
+                            if asked:
+                                asked.popleft()
+                        if event.closes_session:
                             tally.closed_by_server += 1
-                    elif kind in {"video.frames.consumed", "response.text.delta"} and probe:
-                        started = asked.pop("q", None)
-                        if started is not None:
-                            tally.probe_ttft_ms.append((time.perf_counter() - started) * 1000)
-                    elif kind == "response.done":
+                    elif isinstance(event, ResponseStart):
+                        if asked:
+                            first_output[event.request_id] = asked.popleft()
+                    elif probe and isinstance(event, FramesConsumed | ResponseTextDelta):
+                        sent = first_output.pop(event.request_id, None)
+                        if sent is not None:
+                            tally.probe_ttft_ms.append((time.perf_counter() - sent) * 1000)
+                    elif isinstance(event, ResponseDone):
                         questions[1] += 1
-                        tally.statuses[event["status"]] = tally.statuses.get(event["status"], 0) + 1
-                        if event["status"] == "completed":
+                        tally.statuses[event.status] = tally.statuses.get(event.status, 0) + 1
+                        if event.status == "completed":
                             tally.answers += 1
-                        asked.pop("q", None)
+                        first_output.pop(event.request_id, None)
                     if done.is_set() and not pending and questions[1] >= questions[0]:
                         return
-            except websockets.ConnectionClosed as exc:
+            except websockets.ConnectionClosed:
                 if not done.is_set() or pending:
                     tally.closed_by_server += 1
-                    code = exc.rcvd.code if exc.rcvd is not None else 1006
+                    code = conn.ws.close_code or 1006
                     tally.close_codes[code] = tally.close_codes.get(code, 0) + 1
 
         read_task = asyncio.create_task(reader())
@@ -153,19 +156,20 @@ async def _session(
             frame_id = f"{index}-{n}"
             pending[frame_id] = time.perf_counter()
             tally.sent += 1
-            await ws.send(json.dumps({"type": "video.frame", "frame_id": frame_id,
-                                      "data": frames[(index * 7 + n) % len(frames)], "pts_ms": n * 1000 / fps}))
+            await conn.send_frame(frames[(index * 7 + n) % len(frames)], frame_id=frame_id, pts_ms=n * 1000 / fps)
             n += 1
             if ask_every_s > 0 and time.perf_counter() >= next_ask:
-                asked["q"] = time.perf_counter()
+                asked.append(time.perf_counter())
                 questions[0] += 1
-                await ws.send(json.dumps({"type": "video.query", "text": "what is happening?"}))
+                await conn.query("what is happening?")
                 next_ask += ask_every_s
         done.set()
         try:
-            await asyncio.wait_for(read_task, 120)
+            await asyncio.wait_for(read_task, 120)  # cancels the reader when time is up
         except TimeoutError:
-            read_task.cancel()
+            pass
+    finally:
+        await conn.close()
 
 
 def _rss(pid: int) -> int:
@@ -194,17 +198,12 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
              extra_args: list[str] | None = None) -> str:
     """Start a server process (``extra_args``: more ``livesight serve`` flags), stream from
     ``sessions`` sessions, return the report."""
-    port = _free_port()
-    args = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning",
-            "--max-sessions", str(sessions + 8), *(extra_args or [])]
+    args = ["--log-level", "warning", "--max-sessions", str(sessions + 8), *(extra_args or [])]
     if model:
         args += ["--model", model]
-    proc = subprocess.Popen(args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
+    with serve_process(args) as served:
+        proc, base, url = served.proc, served.http_url, served.ws_url
         frames = load_footage(120)
-        url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
         asyncio.run(_run_round(url, frames, 1, fps, 2, 0))  # first-use costs (thread pools, model warm-up)
         time.sleep(1)
         rss_before = _rss(proc.pid)
@@ -249,6 +248,3 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"over {len(tally.probe_ttft_ms)} questions; errors {tally.errors or 'none'}",
         ]
         return "\n".join(lines)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

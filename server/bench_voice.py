@@ -17,18 +17,28 @@ The spoken-question helpers here are shared with the tests.
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
-import json
 import statistics
 import time
 import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from handlers.protocol import (
+    InputAudioSpeechStarted,
+    InputAudioSpeechStopped,
+    InputAudioTranscript,
+    ResponseAudioDelta,
+    ResponseDone,
+    ResponseTextDelta,
+    SessionReady,
+)
 from handlers.speech import SentenceSplitter
+from server.connection import Connection, Match, Received, matcher
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
 
 QUESTIONS = ["what is on the table", "how many people are in the room", "is the door open"]
@@ -102,57 +112,43 @@ def wav_info(data: bytes) -> tuple[int, int, int, int, int]:
 
 
 @dataclass
-class Received:
-    at: float  # perf_counter on arrival
-    event: dict[str, Any]
-
-
-@dataclass
 class VoiceClient:
-    """A protocol client that records every event with its arrival time and every audio
-    chunk with its send time."""
+    """A ``Connection`` whose every event is recorded as it arrives (a reader runs beside the
+    caller), with every audio chunk's send time: latencies are measured from both."""
 
-    ws: Any
+    conn: Connection
     events: list[Received] = field(default_factory=list)
     sent_chunks: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, end sample)
     samples_sent: int = 0
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    _reader: asyncio.Future[None] | None = None
 
     @classmethod
-    async def open(cls, url: str, **config: Any) -> tuple[VoiceClient, dict[str, Any]]:
-        import websockets
-
-        ws = await websockets.connect(url, max_size=None)
-        client = cls(ws)
-        await ws.send(json.dumps({"type": "session.config", **config}))
-        ready = json.loads(await ws.recv())
-        client._reader = asyncio.ensure_future(client._read())
-        return client, ready
+    @asynccontextmanager
+    async def open(cls, url: str, **config: Any) -> AsyncIterator[tuple[VoiceClient, SessionReady]]:
+        """A session with ``config``; yields the client and its ``session.ready``, closes on exit.
+        Raises ``StreamError`` when the server refuses the session."""
+        conn, ready = await Connection.open(url, config)
+        client = cls(conn)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(client._read())
+                try:
+                    yield client, ready.event
+                finally:
+                    await conn.close()  # the reader ends with the connection
+        finally:
+            await conn.close()
 
     async def _read(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            async for raw in self.ws:
-                self.events.append(Received(time.perf_counter(), json.loads(raw)))
-                self._arrived.set()
-        except ConnectionClosed:
-            pass
-
-    async def close(self) -> None:
-        await self.ws.close()
-        if self._reader is not None:
-            await self._reader
-
-    async def send(self, **message: Any) -> None:
-        await self.ws.send(json.dumps(message))
+        async for received in self.conn.events():
+            self.events.append(received)
+            self._arrived.set()
 
     async def frame(self, seed: int = 0) -> None:
         from server.bench import bench_frame
 
-        await self.send(type="video.frame", data=bench_frame(seed), frame_id=f"f{seed}")
-        await self.wait_for(lambda e: e["type"] == "video.frame.ack")
+        await self.conn.send_frame(bench_frame(seed), frame_id=f"f{seed}")
+        await self.wait_for("video.frame.ack")
 
     async def stream_audio(self, pcm16: bytes, chunk_ms: float = 20, realtime: bool = True) -> None:
         """Send ``pcm16`` as ``audio.chunk`` messages, paced like a microphone when ``realtime``."""
@@ -164,7 +160,7 @@ class VoiceClient:
                 if delay > 0:
                     await asyncio.sleep(delay)
             chunk = pcm16[at : at + step]
-            await self.send(type="audio.chunk", data=base64.b64encode(chunk).decode())
+            await self.conn.send_audio(chunk)
             self.samples_sent += len(chunk) // 2
             self.sent_chunks.append((time.perf_counter(), self.samples_sent))
 
@@ -175,13 +171,15 @@ class VoiceClient:
                 return at
         raise ValueError(f"sample {sample} was not sent")
 
-    async def wait_for(self, match: Any, timeout: float = 60, after: int = 0) -> Received:
-        """The first event (from index ``after``) for which ``match(event)`` is true."""
+    async def wait_for(self, match: Match, timeout: float = 60, after: int = 0) -> Received:
+        """The first event (from index ``after``) that ``match`` matches (an event type, or a
+        test on the typed event). Raises ``TimeoutError``."""
+        is_match = matcher(match)
         deadline = time.monotonic() + timeout
         seen = after
         while True:
             for item in self.events[seen:]:
-                if match(item.event):
+                if is_match(item.event):
                     return item
             seen = len(self.events)
             self._arrived.clear()
@@ -196,7 +194,7 @@ class VoiceClient:
     def of(self, kind: str, request_id: str | None = None) -> list[Received]:
         return [
             r for r in self.events
-            if r.event["type"] == kind and (request_id is None or r.event.get("request_id") == request_id)
+            if r.type == kind and (request_id is None or getattr(r.event, "request_id", None) == request_id)
         ]
 
 
@@ -207,11 +205,11 @@ def first_sentence_latency_ms(client: VoiceClient, request_id: str, max_chars: i
     done_at = None
     for r in client.events:
         e = r.event
-        if e.get("request_id") != request_id:
+        if getattr(e, "request_id", None) != request_id:
             continue
-        if e["type"] == "response.text.delta" and done_at is None and splitter.feed(e["delta"]):
+        if isinstance(e, ResponseTextDelta) and done_at is None and splitter.feed(e.delta):
             done_at = r.at
-        if e["type"] == "response.output_audio.delta":
+        if isinstance(e, ResponseAudioDelta):
             return None if done_at is None else (r.at - done_at) * 1000
     return None
 
@@ -270,21 +268,18 @@ async def stage_latencies(word_s: float = 0.03) -> list[float]:
 async def sentence_latencies(url: str, answers: int, max_tokens: int, max_chars: int) -> list[float]:
     """First-sentence-to-first-audio times over ``answers`` spoken answers (``max_chars``: the
     server's ``speech_max_sentence_chars``)."""
-    client, _ = await VoiceClient.open(
-        url, modalities=["text", "audio"], sampling={"max_tokens": max_tokens, "temperature": 0}
-    )
     out = []
-    try:
+    config = {"modalities": ["text", "audio"], "sampling": {"max_tokens": max_tokens, "temperature": 0}}
+    async with VoiceClient.open(url, **config) as (client, _):
         await client.frame(1)
         for i in range(answers):
             mark = len(client.events)
-            await client.send(type="video.query", text=f"Describe the scene. ({i})")
-            done = await client.wait_for(lambda e: e["type"] == "response.done", timeout=300, after=mark)
-            latency = first_sentence_latency_ms(client, done.event["request_id"], max_chars)
+            await client.conn.query(f"Describe the scene. ({i})")
+            done = await client.wait_for("response.done", timeout=300, after=mark)
+            assert isinstance(done.event, ResponseDone)
+            latency = first_sentence_latency_ms(client, done.event.request_id, max_chars)
             if latency is not None:
                 out.append(latency)
-    finally:
-        await client.close()
     return out
 
 
@@ -300,35 +295,33 @@ class TurnResult:
 
 async def spoken_turns(url: str, questions: list[str], *, realtime: bool = True) -> list[TurnResult]:
     """Speak each question into a session with server turn detection; compare with the truth."""
-    client, _ = await VoiceClient.open(
-        url, modalities=["text", "audio"], turn_detection={"type": "server_vad"},
-        sampling={"max_tokens": 8, "temperature": 0},
-    )
     results = []
-    try:
+    config = {"modalities": ["text", "audio"], "turn_detection": {"type": "server_vad"},
+              "sampling": {"max_tokens": 8, "temperature": 0}}
+    async with VoiceClient.open(url, **config) as (client, _):
         await client.frame(1)
         for i, question in enumerate(questions):
             clip = speak_clip(question, noise=30, seed=i)
             offset_ms = client.samples_sent * 1000 / INPUT_RATE
             mark = len(client.events)
             await client.stream_audio(clip.pcm16, realtime=realtime)
-            stopped = await client.wait_for(lambda e: e["type"] == "input_audio.speech_stopped", after=mark)
-            transcript = await client.wait_for(lambda e: e["type"] == "input_audio.transcript", after=mark)
-            await client.wait_for(lambda e: e["type"] == "response.done", timeout=120, after=mark)
+            stopped = await client.wait_for("input_audio.speech_stopped", after=mark)
+            transcript = await client.wait_for("input_audio.transcript", after=mark)
+            await client.wait_for("response.done", timeout=120, after=mark)
+            assert isinstance(stopped.event, InputAudioSpeechStopped)
+            assert isinstance(transcript.event, InputAudioTranscript)
             words = question.split()
-            heard = transcript.event["transcript"].lower().split()
+            heard = transcript.event.transcript.lower().split()
             results.append(
                 TurnResult(
                     question,
-                    stopped.event["audio_start_ms"] - offset_ms - clip.speech_start_ms,
-                    stopped.event["audio_end_ms"] - offset_ms - clip.speech_end_ms,
-                    transcript.event["transcript"],
+                    stopped.event.audio_start_ms - offset_ms - clip.speech_start_ms,
+                    stopped.event.audio_end_ms - offset_ms - clip.speech_end_ms,
+                    transcript.event.transcript,
                     sum(w in heard for w in words) / len(words),
                     (transcript.at - stopped.at) * 1000,
                 )
             )
-    finally:
-        await client.close()
     return results
 
 
@@ -342,26 +335,26 @@ class BargeIn:
 
 async def barge_in(url: str, max_tokens: int = 1024) -> BargeIn:
     """Speak over a running spoken answer; measure how fast the answer stops."""
-    client, _ = await VoiceClient.open(
-        url, modalities=["text", "audio"], turn_detection={"type": "server_vad"},
-        sampling={"max_tokens": max_tokens, "temperature": 0},
-    )
-    try:
+    config = {"modalities": ["text", "audio"], "turn_detection": {"type": "server_vad"},
+              "sampling": {"max_tokens": max_tokens, "temperature": 0}}
+    async with VoiceClient.open(url, **config) as (client, _):
         await client.frame(2)
-        await client.send(type="video.query", text="Describe everything you see.")
-        first = await client.wait_for(lambda e: e["type"] == "response.output_audio.delta", timeout=120)
-        old = first.event["request_id"]
+        await client.conn.query("Describe everything you see.")
+        first = await client.wait_for("response.output_audio.delta", timeout=120)
+        assert isinstance(first.event, ResponseAudioDelta)
+        old = first.event.request_id
         clip = speak_clip("wait a moment", lead_ms=300, noise=30, seed=7)
         offset = client.samples_sent
         mark = len(client.events)
         await client.stream_audio(clip.pcm16, realtime=True)
-        started = await client.wait_for(lambda e: e["type"] == "input_audio.speech_started", after=mark)
-        done = await client.wait_for(lambda e: e["type"] == "response.done" and e["request_id"] == old)
+        started = await client.wait_for("input_audio.speech_started", after=mark)
+        done = await client.wait_for(lambda e: isinstance(e, ResponseDone) and e.request_id == old)
         # The words spoken over the answer are the next question: it is heard, then dropped here.
-        await client.wait_for(lambda e: e["type"] == "input_audio.transcript", timeout=120, after=mark)
-        await client.send(type="response.cancel")
-        await client.wait_for(lambda e: e["type"] == "response.done" and e["request_id"] != old, timeout=120)
-        start_sample = round(started.event["audio_start_ms"] * INPUT_RATE / 1000)
+        await client.wait_for("input_audio.transcript", timeout=120, after=mark)
+        await client.conn.cancel()
+        await client.wait_for(lambda e: isinstance(e, ResponseDone) and e.request_id != old, timeout=120)
+        assert isinstance(started.event, InputAudioSpeechStarted)
+        start_sample = round(started.event.audio_start_ms * INPUT_RATE / 1000)
         onset_sample = offset + round(clip.speech_start_ms * INPUT_RATE / 1000)
         fired = client.sent_at(start_sample + 512)  # the first speech window is complete
         onset = client.sent_at(onset_sample)
@@ -372,8 +365,6 @@ async def barge_in(url: str, max_tokens: int = 1024) -> BargeIn:
             len(after),
             (start_sample - onset_sample) * 1000 / INPUT_RATE,
         )
-    finally:
-        await client.close()
 
 
 def run_voice(model: str | None, answers: int, max_tokens: int) -> str:

@@ -15,7 +15,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per settings field; the environment (LIVESIGHT_*) fills what is not given."""
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} (env LIVESIGHT_{name.upper()})"
+        help_text = f"{field.description} (env LIVESIGHT_{name.upper()})".replace("%", "%%")  # argparse formats help
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:

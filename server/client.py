@@ -22,9 +22,7 @@ own pace (``speed`` times real time) and asks questions at chosen video times.
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
-import json
 import re
 import sys
 import time
@@ -34,11 +32,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
-from urllib.parse import quote
 
 import websockets
 from PIL import Image
-from pydantic import ValidationError
 
 from handlers.protocol import (
     AnyServerEvent,
@@ -46,27 +42,23 @@ from handlers.protocol import (
     FrameAck,
     FramesConsumed,
     ResponseAudioDelta,
+    ResponseCancel,
     ResponseDone,
     ResponseStart,
     ResponseTextDelta,
     SessionDone,
-    parse_server_event,
+    SessionReady,
+    VideoDone,
+    VideoFrame,
+    VideoQuery,
 )
+from server.connection import ClientMessage, Connection, StreamError, audio_chunk, video_frame
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp"})
 # A question without a `response.start` gets one of these instead (the server answers in order).
 _REFUSALS = frozenset({"no_frames", "invalid_audio"})
 RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # about 16 s in all: within the default grace of 30 s
-Opener = Callable[[dict[str, Any]], Awaitable[tuple[Any, dict[str, Any]]]]
-
-
-class StreamError(Exception):
-    """The server refused or ended the session; ``code`` is the protocol's error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+Opener = Callable[[dict[str, Any]], Awaitable[tuple[Connection, SessionReady]]]
 
 
 class AnswerListener(Protocol):
@@ -131,18 +123,21 @@ class Answer:
 class FrameStats:
     sent: int = 0
     accepted: int = 0
-    filtered: int = 0
+    filtered: int = 0  # like the frame before it
+    shed: int = 0  # dropped by a busy server (``reason: "overloaded"``)
 
 
 class StreamClient:
-    """One livesight session. Create it with ``StreamClient.connect``."""
+    """One livesight session over a ``Connection``. Create it with ``StreamClient.connect``."""
 
-    def __init__(self, ws: Any, ready: dict[str, Any], reopen: Opener | None = None, replay_frames: int = 64) -> None:
-        self.ws = ws
+    def __init__(
+        self, conn: Connection, ready: SessionReady, reopen: Opener | None = None, replay_frames: int = 64
+    ) -> None:
+        self.conn = conn
         self.ready = ready
         self.resumes = 0
         self._reopen = reopen  # opens a session (with extra config fields); None: no reconnection
-        self._replay: deque[dict[str, Any]] = deque(maxlen=replay_frames)  # recent video.frame messages
+        self._replay: deque[VideoFrame] = deque(maxlen=replay_frames)  # recent video.frame events
         self._connected = asyncio.Event()
         self._connected.set()
         self._closing = False
@@ -152,6 +147,11 @@ class StreamClient:
         self._running: dict[str, Answer] = {}
         self._frame_seq = 0
         self._session_done = asyncio.Event()
+
+    @property
+    def ws(self) -> Any:
+        """The WebSocket of the current connection."""
+        return self.conn.ws
 
     @classmethod
     @asynccontextmanager
@@ -165,25 +165,14 @@ class StreamClient:
         Raises ``StreamError`` when the server refuses the session, ``OSError`` or
         ``websockets.InvalidURI``/``InvalidHandshake`` when it cannot be reached.
         """
-        if api_key:
-            url += ("&" if "?" in url else "?") + "api_key=" + quote(api_key, safe="")
 
-        async def open_session(extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-            ws = await websockets.connect(url, max_size=None, open_timeout=open_timeout)
-            try:
-                await ws.send(json.dumps({"type": "session.config", **(config or {}), **extra}))
-                first = json.loads(await asyncio.wait_for(ws.recv(), open_timeout))
-                if first.get("code") == "resume_failed":  # a new session follows
-                    first = json.loads(await asyncio.wait_for(ws.recv(), open_timeout))
-                if first.get("type") != "session.ready":
-                    raise StreamError(first.get("code", "unexpected"), first.get("message", str(first)[:200]))
-            except BaseException:
-                await ws.close()
-                raise
-            return ws, first
+        async def open_session(extra: dict[str, Any]) -> tuple[Connection, SessionReady]:
+            conn, ready = await Connection.open(url, {**(config or {}), **extra}, api_key=api_key,
+                                                open_timeout=open_timeout)
+            return conn, ready.event
 
-        ws, ready = await open_session({})
-        client = cls(ws, ready, open_session if resume else None, replay_frames)
+        conn, ready = await open_session({})
+        client = cls(conn, ready, open_session if resume else None, replay_frames)
         try:
             async with asyncio.TaskGroup() as tg:
                 reader = tg.create_task(client._read())
@@ -204,19 +193,13 @@ class StreamClient:
         if frame_id is None:
             self._frame_seq += 1
             frame_id = self._frame_seq
-        message = dict(
-            type="video.frame",
-            data=base64.b64encode(image).decode("ascii"),
-            frame_id=frame_id,
-            pts_ms=pts_ms,
-            capture_ts_ms=round(time.time() * 1000, 1),
-            **fields,
-        )
-        self._replay.append(message)
+        frame = video_frame(image, frame_id=frame_id, pts_ms=pts_ms, capture_ts_ms=round(time.time() * 1000, 1),
+                            **fields)
+        self._replay.append(frame)
         self.frames.sent += 1
         await self._connected.wait()
         try:
-            await self.ws.send(json.dumps(message))
+            await self.conn.send_event(frame)
         except websockets.ConnectionClosed:
             if self._reopen is None:
                 raise  # with resume on, the replay buffer sends it again
@@ -224,7 +207,7 @@ class StreamClient:
 
     async def send_audio(self, pcm16: bytes) -> None:
         """Send PCM16 little-endian mono 16 kHz audio (buffered by the server until a question)."""
-        await self._send(type="audio.chunk", data=base64.b64encode(pcm16).decode("ascii"))
+        await self._send(audio_chunk(pcm16))
 
     async def ask(
         self, question: str, *, listener: AnswerListener | None = None, video_time_s: float | None = None
@@ -235,44 +218,38 @@ class StreamClient:
         """
         answer = Answer(question, video_time_s, listener)
         self._waiting.append(answer)
-        await self._send(type="video.query", text=question)
+        await self._send(VideoQuery(type="video.query", text=question))
         return answer
 
     async def cancel(self) -> None:
         """Stop the running answer (``response.cancel``)."""
-        await self._send(type="response.cancel")
+        await self._send(ResponseCancel(type="response.cancel"))
 
     async def finish(self, timeout: float = 120) -> None:
         """Send ``video.done`` and wait for ``session.done`` (the running answer completes first)."""
-        await self._send(type="video.done")
+        await self._send(VideoDone(type="video.done"))
         async with asyncio.timeout(timeout):
             await self._session_done.wait()
 
-    async def _send(self, **message: Any) -> None:
-        """Send a message; while a dropped connection is being resumed, wait for it first."""
+    async def _send(self, event: ClientMessage) -> None:
+        """Send an event; while a dropped connection is being resumed, wait for it first."""
         await self._connected.wait()
         try:
-            await self.ws.send(json.dumps(message))
+            await self.conn.send_event(event)
         except websockets.ConnectionClosed:
             if self._reopen is None:
                 raise
             await asyncio.sleep(0)  # let the reader see the drop and start resuming
             await self._connected.wait()
-            await self.ws.send(json.dumps(message))
+            await self.conn.send_event(event)
 
     # ------------------------------------------------------------------ receiving
     async def _read(self) -> None:
         try:
             while True:
-                try:
-                    async for raw in self.ws:
-                        try:
-                            event = parse_server_event(raw)
-                        except ValidationError:
-                            continue  # an event this client does not know (a newer server): not ours to act on
-                        self._on_event(event)
-                except websockets.ConnectionClosed:
-                    pass
+                # an event this client does not know (a newer server) is not ours to act on
+                async for received in self.conn.events(skip_unknown=True):
+                    self._on_event(received.event)
                 dropped = self.ws.close_code != 1000 and not self._closing and not self._session_done.is_set()
                 if not (dropped and self._reopen is not None and await self._resume()):
                     return
@@ -294,20 +271,20 @@ class StreamClient:
             answer._finish("interrupted")
         self._waiting.clear()
         self._running.clear()
-        token = self.ready.get("resume_token")
+        token = self.ready.resume_token
         for delay in RECONNECT_DELAYS_S:
             await asyncio.sleep(delay)
             try:
-                ws, ready = await self._reopen({"resume_token": token} if token else {})
+                conn, ready = await self._reopen({"resume_token": token} if token else {})
             except (OSError, TimeoutError, websockets.WebSocketException, StreamError):
                 continue
-            self.ws, self.ready = ws, ready
+            self.conn, self.ready = conn, ready
             self.resumes += 1
             frames = list(self._replay)
-            ids = [m["frame_id"] for m in frames]
-            taken = ready.get("last_frame_id") if ready.get("resumed") else None
-            for message in frames[ids.index(taken) + 1 :] if taken in ids else frames:
-                await ws.send(json.dumps(message))
+            ids = [frame.frame_id for frame in frames]
+            taken = ready.last_frame_id if ready.resumed else None
+            for frame in frames[ids.index(taken) + 1 :] if taken in ids else frames:
+                await conn.send_event(frame)
             self._connected.set()
             return True
         return False
@@ -316,6 +293,8 @@ class StreamClient:
         if isinstance(event, FrameAck):
             if event.accepted:
                 self.frames.accepted += 1
+            elif event.reason == "overloaded":
+                self.frames.shed += 1
             else:
                 self.frames.filtered += 1
         elif isinstance(event, ResponseStart):
@@ -553,14 +532,16 @@ async def run_stream(
     frames = open_source(source, fps)
     printer = ConsolePrinter(out)
     async with StreamClient.connect(url, config, api_key=api_key) as client:
-        for note in client.ready.get("notes", []):
+        for note in client.ready.notes:
             out.write(f"note: {note}\n")
         report = await stream_source(
             client, frames, questions, speed=speed, quality=quality, max_side=max_side, listener=printer
         )
         await client.finish()
+    stats = report.frames
+    shed = f", {stats.shed} shed by the busy server" if stats.shed else ""
     out.write(
-        f"\nsent {report.frames.sent} frames ({report.frames.accepted} accepted, {report.frames.filtered} filtered) "
+        f"\nsent {stats.sent} frames ({stats.accepted} accepted, {stats.filtered} filtered{shed}) "
         f"covering {report.video_time_s:.1f} s of video in {report.duration_s:.1f} s\n"
     )
     return report

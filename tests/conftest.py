@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import websockets
 from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,7 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # and by the read-ahead budgets (test_intake_faults), which this does not touch.
 os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
-from server.background import RunningServer, run_server  # noqa: E402
+from server.background import RunningServer, ServerAddress, run_server  # noqa: E402
+from server.connection import Connection, Received  # noqa: E402
 from server.settings import Settings  # noqa: E402
 from server.tiny_model import make_tiny_model  # noqa: E402
 
@@ -70,41 +68,36 @@ def b64(data: bytes) -> str:
 # ---------------------------------------------------------------------- client
 
 
-class Client:
-    """A thin protocol client over ``websockets`` for tests."""
+class Client(Connection):
+    """The package's protocol client with each event as a dict, every field as on the wire.
+
+    Every event is parsed by ``parse_server_event`` too: one the protocol does not know fails
+    the test (``UnknownEvent``). Messages go out as the test writes them (often invalid on
+    purpose), not through the typed senders.
+    """
 
     def __init__(self, ws: Any) -> None:
-        self.ws = ws
+        super().__init__(ws)
         self.events: list[dict[str, Any]] = []
 
-    async def send(self, **message: Any) -> None:
-        await self.ws.send(json.dumps(message))
+    async def receive(self, timeout: float | None = None) -> Received:
+        received = await super().receive(timeout)
+        self.events.append(received.data)
+        return received
 
-    async def send_raw(self, raw: str | bytes) -> None:
-        await self.ws.send(raw)
+    async def send(self, **message: Any) -> None:
+        await self.send_raw(json.dumps(message))
 
     async def recv(self, timeout: float = 60) -> dict[str, Any]:
-        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.events.append(event)
-        return event
+        return (await self.receive(timeout)).data
 
     async def recv_type(self, kind: str, timeout: float = 60) -> dict[str, Any]:
         """Skip events until one of type ``kind`` arrives; returns it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            event = await self.recv(max(0.01, deadline - time.monotonic()))
-            if event["type"] == kind:
-                return event
+        return (await self.wait_for(kind, timeout)).data
 
     async def collect_until(self, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
         """Every event up to and including the first of type ``kind``."""
-        out = []
-        deadline = time.monotonic() + timeout
-        while True:
-            event = await self.recv(max(0.01, deadline - time.monotonic()))
-            out.append(event)
-            if event["type"] == kind:
-                return out
+        return [received.data for received in await self.receive_until(kind, timeout)]
 
     async def frame(self, frame_id: Any, seed: int | None = None, **fields: Any) -> dict[str, Any]:
         """Send a frame and return its ack."""
@@ -118,14 +111,10 @@ class Client:
         return await self.collect_until("response.done", timeout=120)
 
 
-async def connect(server: RunningServer, **config: Any) -> tuple[Client, dict[str, Any]]:
+async def connect(server: ServerAddress, **config: Any) -> tuple[Client, dict[str, Any]]:
     """Open a session; returns the client and its ``session.ready``."""
-    ws = await websockets.connect(server.ws_url, max_size=None)
-    client = Client(ws)
-    await client.send(type="session.config", **config)
-    ready = await client.recv()
-    assert ready["type"] == "session.ready", ready
-    return client, ready
+    client, ready = await Client.open(server.ws_url, config, open_timeout=120)
+    return client, ready.data
 
 
 _MODULE_MODEL: list[Path] = []

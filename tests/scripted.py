@@ -5,7 +5,7 @@ Never used by the shipped server: the real app is tested with the real engine el
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 
 from handlers.transport import Disconnected
+from server.connection import collect_until
 from server.engines.base import (
     Capabilities,
     Engine,
@@ -25,6 +26,7 @@ from server.engines.base import (
     TextDelta,
     Usage,
 )
+from tests.conftest import Client
 
 
 def image_keys(prompt: Prompt) -> list[str]:
@@ -81,13 +83,30 @@ class ScriptedEngine(Engine):
                 self.aborted.append(request_id)
 
 
+class _TestEnd:
+    """The test's end of a ``MemoryTransport``, shaped as the socket a ``Connection`` reads."""
+
+    def __init__(self, to_server: Any, from_server: Any) -> None:
+        self._to_server, self._from_server = to_server, from_server
+
+    async def send(self, raw: str | bytes) -> None:
+        await self._to_server.send(raw)
+
+    async def recv(self) -> str:
+        return await self._from_server.receive()
+
+    async def close(self) -> None:
+        self._to_server.close()
+
+
 class MemoryTransport:
-    """A transport whose other end is the test."""
+    """A transport whose other end is the test (through the suite's protocol ``Client``)."""
 
     def __init__(self) -> None:
         self._to_server, self._server_in = anyio.create_memory_object_stream[str | bytes](100)
         self._server_out, self._from_server = anyio.create_memory_object_stream[str](1000)
         self.closed_with: int | None = None
+        self.client = Client(_TestEnd(self._to_server, self._from_server))
 
     async def receive(self) -> str | bytes:
         try:
@@ -105,26 +124,18 @@ class MemoryTransport:
             self.closed_with = code
             self._server_out.close()
 
-    # the test's side
+    # the test's side; ``timeout`` is for each event
     async def put(self, **message: Any) -> None:
-        await self._to_server.send(json.dumps(message))
+        await self.client.send(**message)
 
     async def get(self, timeout: float = 5) -> dict[str, Any]:
-        with anyio.fail_after(timeout):
-            return json.loads(await self._from_server.receive())
+        return await self.client.recv(timeout)
 
     async def get_type(self, kind: str, timeout: float = 5) -> dict[str, Any]:
-        while True:
-            event = await self.get(timeout)
-            if event["type"] == kind:
-                return event
+        return (await self.until(kind, timeout))[-1]
 
     async def until(self, kind: str, timeout: float = 5) -> list[dict[str, Any]]:
-        out = []
-        while True:
-            out.append(await self.get(timeout))
-            if out[-1]["type"] == kind:
-                return out
+        return await collect_until(lambda _: self.get(timeout), lambda event: event["type"] == kind, math.inf)
 
     def hang_up(self) -> None:
         self._to_server.close()

@@ -14,11 +14,8 @@ import io
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +27,7 @@ import pytest
 from anyio.abc import SocketAttribute, SocketStream
 from PIL import Image
 
-from server.background import RunningServer, run_server
+from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
 from server.engines.base import (
     AudioChunk,
     ChatTurn,
@@ -68,12 +65,6 @@ class VllmServer:
         self.proc = start_vllm_server(self.model_dir, self.port, self.log)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_vllm_server(model_dir: Path, port: int, log_path: Path, *, max_images: int = 8,
                       max_model_len: int = 4096) -> subprocess.Popen:
     """Start vLLM's OpenAI-compatible server on the tiny model (prefix caching, an API key) and
@@ -89,40 +80,23 @@ def start_vllm_server(model_dir: Path, port: int, log_path: Path, *, max_images:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the vLLM server did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, START_TIMEOUT_S, log_path)
     except BaseException:
         stop_vllm_server(proc)
         raise
+    return proc
 
 
 def stop_vllm_server(proc: subprocess.Popen) -> None:
     """Stop the server and the engine processes it spawned."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process(proc, group=True)
 
 
 @pytest.fixture(scope="module")
 def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """vLLM's OpenAI-compatible server on the tiny model, with prefix caching and an API key."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
     server = VllmServer(
         f"http://127.0.0.1:{port}", log_path, idefics3_model_dir, port,
@@ -137,7 +111,7 @@ def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathF
 @pytest.fixture(scope="module")
 def openai_server(vllm_api_server: VllmServer) -> Iterator[RunningServer]:
     """livesight with engine=openai: a dead replica first, then the real server."""
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     settings = Settings(
         engine="openai", openai_urls=f"{dead},{vllm_api_server.url}/v1", openai_api_key=API_KEY,
         openai_health_interval_s=60, max_answer_tokens=3000,

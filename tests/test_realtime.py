@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, get_args
@@ -16,6 +15,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from server.background import run_server
 from server.bench_voice import speak_clip
+from server.connection import collect_until
 from server.settings import Settings
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
 from handlers.protocol import SERVER_TYPES, parse_server_event
@@ -60,13 +60,7 @@ class Conversation:
 
     async def until(self, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
         """Every event up to and including the first of type ``kind``."""
-        deadline = time.monotonic() + timeout
-        out = []
-        while True:
-            event = await self.recv(max(0.01, deadline - time.monotonic()))
-            out.append(event)
-            if event["type"] == kind:
-                return out
+        return await collect_until(self.recv, lambda event: event["type"] == kind, timeout)
 
     async def add_image(self, seed: int, item_id: str | None = None) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"type": "message", "role": "user",

@@ -148,7 +148,7 @@ async def test_stream_client_resumes_by_itself(resuming: RunningServer) -> None:
 
     config = {"enable_frame_filter": False, "sampling": {"max_tokens": 3, "temperature": 0}}
     async with StreamClient.connect(resuming.ws_url, config, api_key="key-a") as client:
-        first_id = client.ready["session_id"]
+        first_id = client.ready.session_id
         for i in range(4):
             await client.send_frame(jpeg_frame(600 + i, size=(160, 120)))
         with anyio.fail_after(120):
@@ -159,7 +159,7 @@ async def test_stream_client_resumes_by_itself(resuming: RunningServer) -> None:
         await anyio.sleep(0.3)  # the client notices the drop
         await client.send_frame(jpeg_frame(610, size=(160, 120)))  # waits for the resumed connection
         answer = await (await client.ask("Still there?")).wait(120)
-        assert client.resumes == 1 and client.ready["resumed"] is True
-        assert client.ready["session_id"] == first_id
+        assert client.resumes == 1 and client.ready.resumed is True
+        assert client.ready.session_id == first_id
         assert answer.status == "completed", answer
         assert answer.frame_ids == [1, 2, 3, 4, 5]

@@ -99,3 +99,14 @@ async def test_shedding_settings_reach_intake(tiny_model_dir: Path) -> None:
         ack = await client.frame("big-for-the-session", seed=1)
         assert ack["accepted"] is False and ack["reason"] == "overloaded"
         await client.ws.close()
+
+
+def test_serve_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    """`livesight serve --help` prints a flag for every setting (a "%" in a description once broke it)."""
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert all("--" + name.replace("_", "-") in out for name in Settings.model_fields)

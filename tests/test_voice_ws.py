@@ -22,20 +22,19 @@ async def test_spoken_questions_are_detected_heard_and_answered_aloud(server: Ru
     """server_vad finds each question within 150 ms of where the speech really is, the
     transcript holds its words, and the spoken answer is valid 24 kHz WAV whose header
     matches its samples."""
-    client, ready = await VoiceClient.open(
+    async with VoiceClient.open(
         server.ws_url, modalities=["text", "audio"], turn_detection={"type": "server_vad"},
         sampling={"max_tokens": 24, "temperature": 0},
-    )
-    assert ready["capabilities"]["voice_output"] == "espeak" and ready["capabilities"]["voice_input"] == "pocketsphinx"
-    try:
+    ) as (client, ready):
+        assert ready.capabilities["voice_output"] == "espeak" and ready.capabilities["voice_input"] == "pocketsphinx"
         await client.frame(1)
         for i, question in enumerate(QUESTIONS):
             clip = speak_clip(question, noise=30, seed=i)
             offset_ms = client.samples_sent / 16
             mark = len(client.events)
             await client.stream_audio(clip.pcm16, chunk_ms=40, realtime=False)
-            done = await client.wait_for(lambda e: e["type"] == "response.done", timeout=120, after=mark)
-            events = [r.event for r in client.events[mark:]]
+            done = await client.wait_for("response.done", timeout=120, after=mark)
+            events = [r.data for r in client.events[mark:]]
             kinds = [e["type"] for e in events]
             assert kinds[:3] == ["input_audio.speech_started", "input_audio.speech_stopped", "response.start"]
             stopped = events[1]
@@ -43,34 +42,29 @@ async def test_spoken_questions_are_detected_heard_and_answered_aloud(server: Ru
             assert abs(stopped["audio_end_ms"] - offset_ms - clip.speech_end_ms) <= 150
             heard = next(e for e in events if e["type"] == "input_audio.transcript")["transcript"].split()
             assert sum(w in heard for w in question.split()) >= 0.6 * len(question.split()), heard
-            assert done.event["status"] == "completed"
+            assert done.data["status"] == "completed"
             deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
             assert deltas and kinds.index("response.output_audio.done") < kinds.index("response.done")
             for delta in deltas:
                 rate, channels, width, frames, size = wav_info(base64.b64decode(delta["data"]))
                 assert (rate, channels, width) == (24_000, 1, 2) and size == 2 * frames > 0
-    finally:
-        await client.close()
 
 
 async def test_query_audio_is_transcribed_without_turn_detection(server: RunningServer) -> None:
     """video.query audio_data for an engine that cannot hear becomes input_audio.transcript;
     voice and speech_rate are taken from session.config."""
-    client, ready = await VoiceClient.open(
+    async with VoiceClient.open(
         server.ws_url, modalities=["text", "audio"], voice="en-gb", speech_rate=1.3, sampling={"max_tokens": 4},
-    )
-    assert ready["config"]["voice"] == "en-gb" and ready["config"]["speech_rate"] == 1.3 and not ready["notes"]
-    try:
+    ) as (client, ready):
+        assert ready.config["voice"] == "en-gb" and ready.config["speech_rate"] == 1.3 and not ready.notes
         await client.frame(4)
         clip = speak_clip("is the door open", lead_ms=300, tail_ms=300, noise=30, seed=3)
-        await client.send(type="video.query", text="", audio_data=base64.b64encode(clip.pcm16).decode())
-        transcript = await client.wait_for(lambda e: e["type"] == "input_audio.transcript", timeout=60)
-        assert {"door", "open"} <= set(transcript.event["transcript"].split())
-        assert transcript.event["audio_ms"] == pytest.approx(clip.duration_ms, abs=1)
-        done = await client.wait_for(lambda e: e["type"] == "response.done", timeout=60)
-        assert done.event["status"] == "completed"
-    finally:
-        await client.close()
+        await client.conn.query("", audio_data=base64.b64encode(clip.pcm16).decode())
+        transcript = await client.wait_for("input_audio.transcript", timeout=60)
+        assert {"door", "open"} <= set(transcript.data["transcript"].split())
+        assert transcript.data["audio_ms"] == pytest.approx(clip.duration_ms, abs=1)
+        done = await client.wait_for("response.done", timeout=60)
+        assert done.data["status"] == "completed"
 
 
 async def test_barge_in_stops_the_spoken_answer(server: RunningServer) -> None:
