@@ -19,8 +19,9 @@ started again by the next stream that takes it.
 
 Every utterance starts from the feature normalisation (CMN) that calibration left: one
 eSpeak sentence recognised at start-up (the model's built-in estimate made a fresh server's
-first question "forty on that any wolf"). Nothing carries from one utterance to the next,
-so one session's noise cannot spoil another session's words.
+first question "forty on that any wolf"), and with a fresh noise estimate (noise removal
+also adapts across utterances). Nothing carries from one utterance to the next, so one
+session's noise cannot spoil another session's words.
 """
 
 from __future__ import annotations

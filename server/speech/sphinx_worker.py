@@ -11,7 +11,8 @@ Commands (each answered by exactly one reply, except ``ABORT``):
 - ``CALIBRATE`` (16 kHz PCM16, may be empty): load the model, recognise the audio once and
   keep the feature normalisation (CMN) it leaves; first command, answered when ready.
 - ``BEGIN``: end an utterance left open (abandoned by a cancelled caller), start a new one
-  from the calibrated CMN, so no utterance inherits another's (another session's) noise.
+  from the calibrated CMN and a fresh noise estimate, so no utterance inherits another's
+  (another session's) noise.
 - ``AUDIO`` (PCM16): recognise it, in steps of ``STEP_SAMPLES``.
 - ``END``: end the utterance; the reply's payload is the hypothesis (UTF-8, may be empty).
 - ``ABORT``: the caller of the running command was cancelled: stop recognising its audio
@@ -28,6 +29,7 @@ import select
 import signal
 import struct
 import sys
+import warnings
 
 HEADER = struct.Struct(">IB")
 CALIBRATE, BEGIN, AUDIO, END, ABORT = b"C", b"B", b"A", b"E", b"X"
@@ -108,6 +110,11 @@ class _Recogniser:
 
         if self._in_utterance:
             self._decoder.end_utt()
+        with warnings.catch_warnings():
+            # Deprecated in the bindings as "unnecessary", but it is what resets the noise
+            # removal's estimate, which otherwise carries from one utterance into the next.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._decoder.start_stream()
         if self._cmn:
             self._decoder.set_cmn(self._cmn)
         self._rng = np.random.default_rng(0)
