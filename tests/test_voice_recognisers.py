@@ -165,3 +165,35 @@ def test_recognisers_exit_when_the_server_process_is_killed() -> None:
     finally:
         server.kill()
         server.wait()
+
+
+async def test_a_cancelled_utterance_does_not_wait_for_its_recogniser() -> None:
+    """Cancelling a stream while its recogniser works on 10 s of audio returns at once (the
+    recogniser stops at its next step, its reply is dropped later), and the next utterance on
+    the same recogniser is heard as if nothing had happened."""
+    from tests.test_voice_blocking import ten_seconds_of_question
+
+    long_question, clip = ten_seconds_of_question(), _clips()[1]
+    transcriber = PocketsphinxTranscriber(1)
+    await transcriber.start()
+    try:
+        began = time.perf_counter()
+        expected = await transcriber.transcribe(long_question)
+        whole_s = time.perf_counter() - began
+        heard_alone = await transcriber.transcribe(clip)
+
+        stream = transcriber.open_stream()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.feed, long_question)
+            await anyio.sleep(min(0.3, whole_s / 4))
+            cancelled_at = time.perf_counter()
+            tg.cancel_scope.cancel()
+        cancel_s = time.perf_counter() - cancelled_at
+        await stream.aclose()
+
+        assert await transcriber.transcribe(clip) == heard_alone
+        assert await transcriber.transcribe(long_question) == expected
+    finally:
+        await transcriber.close()
+    print(f"cancel {cancel_s * 1000:.1f} ms; the whole utterance {whole_s * 1000:.0f} ms")
+    assert cancel_s <= 0.1 * whole_s
