@@ -128,9 +128,10 @@ class PocketsphinxStream(TranscriptStream):
             self._free.release_on_behalf_of(self)
 
     async def feed(self, pcm16: bytes) -> None:
-        cut = len(self._odd + pcm16) - len(self._odd + pcm16) % 2
-        data, self._odd = (self._odd + pcm16)[:cut], (self._odd + pcm16)[cut:]
-        self._audio.extend(data)
+        data = self._odd + pcm16
+        cut = len(data) - len(data) % 2  # whole samples; an odd byte waits for the next call
+        self._audio.extend(data[:cut])
+        self._odd = data[cut:]
         if self._worker is None:
             try:
                 self._free.acquire_on_behalf_of_nowait(self)
@@ -197,7 +198,14 @@ class _Worker:
             raise SpeechError(f"the speech recogniser could not start: {exc}") from exc
         self._buffer.clear()
         self._owed = 0
-        await self.call(wire.CALIBRATE, self._calibration)
+        if self._closed:  # closed while it started
+            await self.stop()
+            raise SpeechError("the transcriber is closed")
+        try:
+            await self.call(wire.CALIBRATE, self._calibration)
+        except SpeechError:
+            await self.stop()  # the next caller starts another
+            raise
 
     async def stop(self, *, final: bool = False) -> None:
         """End the process: stdin closes (it exits), killed if it does not exit in time.
