@@ -1,6 +1,6 @@
 """The one way blocking work (base64, hashing, image decoding, speech) leaves the event loop:
 worker threads with bounded concurrency. Image work shares one limiter; a voice stage passes
-its own (eSpeak is one global engine, a recogniser has a fixed pool of decoders).
+its own (eSpeak is one global engine).
 
 Frame intake uses ``run_fair``: the shared image limiter hands its slots out in the order
 they were asked for (anyio's limiters are FIFO), and each session asks for at most one slot

@@ -188,7 +188,7 @@ class Settings(BaseSettings):
     transcription_language: str | None = Field(None, description="language hint for remote transcription (ISO 639-1)")
     transcription_api_key: SecretStr | None = Field(None, description="bearer token for transcription_url")
     transcription_workers: int = Field(
-        1, ge=1, le=16, description="questions transcribed at once, whole server (pocketsphinx: decoders loaded)"
+        1, ge=1, le=16, description="questions transcribed at once, whole server (pocketsphinx: recogniser processes)"
     )
     speech_workers: int = Field(4, ge=1, le=64, description="remote speech requests at once, whole server")
     voice_timeout_s: float = Field(30.0, gt=0, description="longest remote speech or transcription request")

@@ -4,35 +4,19 @@ fuzz`` runs the same with 10,000)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from server.background import run_server
 from server.bench_fuzz import FRAME, fuzz, hostile_images, wait_for_clean_metrics
-from server.settings import Settings
 from tests.conftest import RunningServer
 
 EXAMPLES = 2_000
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    """A server of its own: the fuzzed audio goes through the shared speech recognisers, whose
-    feature normalisation carries from one utterance to the next (known limit: noise from one
-    session can spoil the next transcript on the same recogniser), so it must not run on the
-    server the voice tests use."""
-    with run_server(Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0)) as running:
-        yield running
-
-
-def test_hostile_messages_get_their_documented_answers(fuzz_server: RunningServer) -> None:
+def test_hostile_messages_get_their_documented_answers(server: RunningServer) -> None:
     """Malformed and wrong-typed JSON, surrogates, huge values and hostile images (bombs,
     extreme aspect ratios, CMYK, 16-bit, animated, truncated) each get an ack or an error with
     a documented code; the session keeps answering pings and acking frames; after it closes,
     /metrics shows no session and no live frame."""
-    server = fuzz_server
     stats = fuzz(server.ws_url, EXAMPLES)
     assert stats.messages >= EXAMPLES
     assert stats.errors.get("invalid_image", 0) > 0 and stats.errors.get("invalid_message", 0) > 0

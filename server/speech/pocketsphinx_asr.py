@@ -1,72 +1,92 @@
 """Embedded transcription: PocketSphinx with the US English model its wheel ships.
 
-A fixed pool of decoders (each ~1 s to load) serves all sessions, one utterance per decoder
-at a time. An utterance is streamed: audio is recognised as it arrives, so the words are
-ready about when the speech stops. Streaming uses a decoder only while it is free: a
-question that was asked and waits for a decoder takes it from a stream still listening,
-which starts over when it is asked in turn.
+A fixed pool of recogniser processes (``sphinx_worker``, one decoder each, ~1 s to start)
+serves all sessions, one utterance per recogniser at a time. PocketSphinx holds the GIL
+while it recognises (ending an utterance alone costs 40-150 ms here), so it runs outside the
+server process: the event loop only moves audio and words over pipes, and no other session's
+``ping`` waits for recognition.
 
-PocketSphinx holds the GIL while it recognises, so the event loop (and every other session)
-would wait for a whole call: audio goes in 10 ms steps (one feature frame each), with a
-cancellation check between steps, so neither a ``ping`` of another session nor a cancel
-waits more than one step. The second search passes (``fwdflat``, ``bestpath``) are off:
-they run at the end of an utterance, over all of it, in one call (0.1-0.7 s for 10 s of
-speech here, holding the GIL throughout). Ending an utterance still costs one call of
-40-150 ms here; a cancelled utterance is left open and ended by the next stream that takes
-its decoder, in that stream's first step, so a cancel never waits for it.
+An utterance is streamed: audio is recognised as it arrives, so the words are ready about
+when the speech stops. Streaming uses a recogniser only while it is free: a question that
+was asked and waits for one takes it from a stream still listening, which starts over when
+it is asked in turn.
 
-PocketSphinx's feature normalisation fails on digital silence (synthesized or gated audio):
-a faint, seeded noise floor is added first, well below any microphone's own.
+A cancelled caller never waits for its recogniser: it sends ``ABORT`` (recognition stops
+at its next step) and returns; the reply it leaves is read and dropped by the next stream
+that takes the recogniser, and an utterance it left open is ended by that stream's
+``BEGIN``. A recogniser that breaks (its process died, or does not read) is killed and
+started again by the next stream that takes it.
+
+Every utterance starts from the feature normalisation (CMN) that calibration left: one
+eSpeak sentence recognised at start-up (the model's built-in estimate made a fresh server's
+first question "forty on that any wolf"), and with a fresh noise estimate (noise removal
+also adapts across utterances). Nothing carries from one utterance to the next, so one
+session's noise cannot spoil another session's words.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
 
 import anyio
-import numpy as np
+from anyio.abc import Process
 
 from handlers import blocking
+from server.speech import sphinx_worker as wire
 from server.speech.base import SpeechError, Transcriber, TranscriptStream
 
 log = logging.getLogger("livesight.speech")
 
-#: Standard deviation of the added noise floor, in PCM16 steps (about -61 dBFS).
-NOISE_FLOOR = 30.0
-#: Samples recognised per step (10 ms at 16 kHz: one feature frame).
-STEP_SAMPLES = 160
 #: Under this much audio (0.1 s) there is nothing to recognise.
 MIN_SAMPLES = 1600
-#: Loudness (RMS, PCM16 steps; about -40 dBFS) under which an utterance is taken for silence
-#: or noise: its feature statistics are not carried to the next utterance.
-SPEECH_RMS = 300.0
+#: Longest wait for a recogniser to take a command (it reads at once when it is well).
+WRITE_TIMEOUT_S = 2.0
+#: Longest wait for a recogniser to exit after its stdin closed, before it is killed.
+EXIT_TIMEOUT_S = 2.0
 
 
 class PocketsphinxTranscriber(Transcriber):
-    """PocketSphinx, US English, offline."""
+    """PocketSphinx, US English, offline, in ``recognisers`` worker processes."""
 
     name = "pocketsphinx"
 
-    def __init__(self, decoders: int = 1) -> None:
-        self.size = decoders
-        self._pool: queue.SimpleQueue[_Decoder] = queue.SimpleQueue()
-        self._decoders: anyio.CapacityLimiter | None = None  # held by a stream for its utterance
-        self._threads: anyio.CapacityLimiter | None = None  # one recognition step at a time per decoder
+    def __init__(self, recognisers: int = 1) -> None:
+        self.size = recognisers
+        self._workers: list[_Worker] = []
+        self._pool: deque[_Worker] = deque()
+        self._free: anyio.CapacityLimiter | None = None  # held by a stream for its utterance
 
     async def start(self) -> None:
-        self._decoders = anyio.CapacityLimiter(self.size)
-        self._threads = anyio.CapacityLimiter(self.size)
-        calibration = await blocking.run_blocking(_calibration_speech, limiter=self._threads)
-        for _ in range(self.size):
-            decoder = await blocking.run_blocking(_load, limiter=self._threads)
-            await blocking.run_blocking(_calibrate, decoder, calibration, limiter=self._threads)
-            self._pool.put(_Decoder(decoder))
+        self._free = anyio.CapacityLimiter(self.size)
+        calibration = await blocking.run_blocking(_calibration_speech, limiter=anyio.CapacityLimiter(1))
+        self._workers = [_Worker(calibration) for _ in range(self.size)]
+        try:
+            async with anyio.create_task_group() as tg:
+                for worker in self._workers:
+                    tg.start_soon(worker.start)
+        except BaseException:
+            await self.close()
+            raise
+        self._pool.extend(self._workers)
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for worker in self._workers:
+                await worker.stop(final=True)
+
+    @property
+    def pids(self) -> list[int]:
+        """The recogniser processes running now."""
+        return [w.pid for w in self._workers if w.pid is not None]
 
     def open_stream(self) -> TranscriptStream:
-        if self._decoders is None or self._threads is None:
+        if self._free is None:
             raise SpeechError("the transcriber is not started")
-        return PocketsphinxStream(self._pool, self._decoders, self._threads)
+        return PocketsphinxStream(self._pool, self._free)
 
     async def transcribe(self, pcm16: bytes) -> str:
         stream = self.open_stream()
@@ -79,147 +99,182 @@ class PocketsphinxTranscriber(Transcriber):
 
 
 class PocketsphinxStream(TranscriptStream):
-    """One utterance, recognised on a pooled decoder while one is free.
+    """One utterance, recognised on a pooled recogniser while one is free.
 
-    ``feed`` takes a decoder only when one is free at once, and gives it back as soon as a
-    finishing stream (a question that was asked) waits for one: a session that streams audio
-    and never asks cannot starve the others. The audio is kept (the session bounds it), so a
-    stream that had no decoder, or lost it, recognises what is left in ``finish``.
+    ``feed`` takes a recogniser only when one is free at once, and gives it back as soon as
+    a finishing stream (a question that was asked) waits for one: a session that streams
+    audio and never asks cannot starve the others. The audio is kept (the session bounds
+    it), so a stream that had none, or lost it, recognises what is left in ``finish``.
     """
 
-    def __init__(
-        self, pool: queue.SimpleQueue[_Decoder], decoders: anyio.CapacityLimiter, threads: anyio.CapacityLimiter
-    ) -> None:
+    def __init__(self, pool: deque[_Worker], free: anyio.CapacityLimiter) -> None:
         self._pool = pool
-        self._decoders = decoders
-        self._threads = threads
-        self._decoder: _Decoder | None = None
+        self._free = free
+        self._worker: _Worker | None = None
+        self._begun = False  # an utterance of ours is open on the recogniser held now
         self._audio = bytearray()  # every whole sample fed
-        self._done = 0  # bytes of it recognised on the decoder held now
-        self._energy = 0.0  # sum of squared samples recognised on it
+        self._done = 0  # bytes of it recognised on the recogniser held now
         self._odd = b""
-        self._rng = np.random.default_rng(0)
 
     def _hold(self) -> None:
-        self._decoder = self._pool.get_nowait()
+        self._worker = self._pool.popleft()
         self._done = 0
-        self._energy = 0.0
+        self._begun = False
 
     def _release(self) -> None:
-        pooled, self._decoder = self._decoder, None
-        if pooled is not None:
-            pooled.ours = False  # an open utterance is ended by the next stream (see the module notes)
-            self._pool.put(pooled)
-            self._decoders.release_on_behalf_of(self)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._pool.append(worker)
+            self._free.release_on_behalf_of(self)
 
     async def feed(self, pcm16: bytes) -> None:
-        data, self._odd = _even(self._odd + pcm16)
-        self._audio.extend(data)
-        if self._decoder is None:
+        data = self._odd + pcm16
+        cut = len(data) - len(data) % 2  # whole samples; an odd byte waits for the next call
+        self._audio.extend(data[:cut])
+        self._odd = data[cut:]
+        if self._worker is None:
             try:
-                self._decoders.acquire_on_behalf_of_nowait(self)
+                self._free.acquire_on_behalf_of_nowait(self)
             except anyio.WouldBlock:
-                return  # every decoder is busy: this audio is recognised in finish
+                return  # every recogniser is busy: this audio is recognised in finish
             self._hold()
-        elif self._decoders.statistics().tasks_waiting:
-            self._release()  # an asked question waits for a decoder: it goes first
+        elif self._free.statistics().tasks_waiting:
+            self._release()  # an asked question waits for a recogniser: it goes first
             return
         await self._catch_up()
 
     async def _catch_up(self) -> None:
+        assert self._worker is not None
+        if not self._begun:
+            await self._worker.call(wire.BEGIN)
+            self._begun = True
         if len(self._audio) > self._done:
             pending = bytes(self._audio[self._done :])
-            await blocking.run_blocking(self._feed_sync, self._decoder, pending, limiter=self._threads)
-
-    def _feed_sync(self, pooled: _Decoder, pcm16: bytes) -> None:
-        """Blocking: recognise ``pcm16`` step by step; stops between steps when cancelled."""
-        samples = np.frombuffer(pcm16, "<i2").astype(np.float32)
-        self._energy += float(np.dot(samples, samples))
-        samples += self._rng.normal(0.0, NOISE_FLOOR, len(samples)).astype(np.float32)
-        audio = np.clip(samples, -32768, 32767).astype("<i2").tobytes()
-        decoder = pooled.decoder
-        try:
-            if not pooled.ours:
-                if pooled.in_utterance:  # a cancelled stream's utterance: end it first
-                    _end_quietly(decoder)
-                decoder.set_cmn(pooled.cmn)  # as the last completed utterance left it
-                decoder.start_utt()
-                pooled.in_utterance = pooled.ours = True
-            step = STEP_SAMPLES * 2
-            for at in range(0, len(audio), step):
-                blocking.cancel_point()
-                decoder.process_raw(audio[at : at + step], full_utt=False)
-                self._done += len(audio[at : at + step])
-        except RuntimeError as exc:
-            raise SpeechError(f"PocketSphinx failed: {exc}") from exc
+            await self._worker.call(wire.AUDIO, pending)
+            self._done += len(pending)
 
     async def finish(self) -> str:
         if len(self._audio) < MIN_SAMPLES * 2:
             return ""
-        if self._decoder is None:
-            await self._decoders.acquire_on_behalf_of(self)
+        if self._worker is None:
+            await self._free.acquire_on_behalf_of(self)
             self._hold()
         await self._catch_up()
-        return await blocking.run_blocking(self._end_sync, self._decoder, limiter=self._threads)
-
-    def _end_sync(self, pooled: _Decoder) -> str:
-        try:
-            pooled.decoder.end_utt()
-            pooled.in_utterance = False
-            if self._energy / max(1, self._done // 2) > SPEECH_RMS**2:
-                pooled.cmn = pooled.decoder.get_cmn(False)
-            hyp = pooled.decoder.hyp()
-        except RuntimeError as exc:
-            raise SpeechError(f"PocketSphinx failed: {exc}") from exc
-        return "" if hyp is None else " ".join(w for w in hyp.hypstr.split() if not w.startswith("<"))
+        assert self._worker is not None
+        hyp = (await self._worker.call(wire.END)).decode("utf-8", "replace")
+        self._begun = False
+        return " ".join(w for w in hyp.split() if not w.startswith("<"))
 
     async def aclose(self) -> None:
         self._release()
         self._audio = bytearray()
 
 
-class _Decoder:
-    """A pooled decoder and whether an utterance is open on it (``ours``: by the stream
-    that holds it now)."""
+class _Worker:
+    """One recogniser process and the replies owed by it to cancelled callers."""
 
-    def __init__(self, decoder: object) -> None:
-        self.decoder = decoder
-        self.in_utterance = False
-        self.ours = False
-        # Live feature normalisation carries its estimate from one utterance to the next; an
-        # utterance that was cut short (cancelled, or handed over) or held no speech must not
-        # skew the next, so each starts from the estimate of the last completed spoken one.
-        self.cmn = decoder.get_cmn(False)
+    def __init__(self, calibration: bytes) -> None:
+        self._calibration = calibration
+        self._process: Process | None = None
+        self._buffer = bytearray()
+        self._owed = 0  # commands sent and not yet answered
+        self._closed = False  # the transcriber closed: never started again
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    async def start(self) -> None:
+        """Start the process and calibrate it. Raises ``SpeechError``."""
+        if self._closed:
+            raise SpeechError("the transcriber is closed")
+        script = Path(wire.__file__)
+        try:
+            # -P: the script's folder is not put on sys.path (its modules would shadow others).
+            self._process = await anyio.open_process(
+                [sys.executable, "-P", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+            )
+        except OSError as exc:
+            raise SpeechError(f"the speech recogniser could not start: {exc}") from exc
+        self._buffer.clear()
+        self._owed = 0
+        if self._closed:  # closed while it started
+            await self.stop()
+            raise SpeechError("the transcriber is closed")
+        try:
+            await self.call(wire.CALIBRATE, self._calibration)
+        except SpeechError:
+            await self.stop()  # the next caller starts another
+            raise
+
+    async def stop(self, *, final: bool = False) -> None:
+        """End the process: stdin closes (it exits), killed if it does not exit in time.
+        ``final``: it is never started again."""
+        self._closed = self._closed or final
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await process.stdin.aclose()
+            except (OSError, anyio.BrokenResourceError):
+                pass
+            with anyio.move_on_after(EXIT_TIMEOUT_S):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.aclose()
+
+    async def call(self, kind: bytes, payload: bytes = b"") -> bytes:
+        """Send one command and return its reply's payload. A cancelled caller returns at
+        once (the reply is dropped later). Raises ``SpeechError`` (the recogniser failed)."""
+        if self._process is None:
+            await self.start()
+        try:
+            while self._owed:  # replies to cancelled callers
+                await self._reply()
+            await self._send(wire.frame(kind, payload))
+            reply, body = await self._reply()
+        except anyio.get_cancelled_exc_class():
+            if self._owed and self._process is not None:
+                try:
+                    await self._send(wire.frame(wire.ABORT))  # stop its work; the reply is dropped later
+                except SpeechError:
+                    pass  # it does not read: it was stopped, the next caller starts another
+            raise
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream) as exc:
+            await self.stop()
+            raise SpeechError(f"the speech recogniser failed: {exc!r}") from exc
+        if reply == wire.FAILED:
+            raise SpeechError(f"PocketSphinx failed: {body.decode('utf-8', 'replace')}")
+        if reply != wire.OK:
+            raise SpeechError(f"the speech recogniser answered {reply!r}")
+        return body
+
+    async def _send(self, data: bytes) -> None:
+        """Write a whole frame (never cut by a cancel: the recogniser is reading)."""
+        assert self._process is not None and self._process.stdin is not None
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(WRITE_TIMEOUT_S) as scope:
+                await self._process.stdin.send(data)
+            if scope.cancelled_caught:
+                await self.stop()
+                raise SpeechError("the speech recogniser does not read")
+        if data[4:5] != wire.ABORT:
+            self._owed += 1
+
+    async def _reply(self) -> tuple[bytes, bytes]:
+        """The next reply (cancel-safe: a half-read frame stays in the buffer)."""
+        assert self._process is not None and self._process.stdout is not None
+        while (got := wire.parse(self._buffer)) is None:
+            self._buffer.extend(await self._process.stdout.receive())
+        self._owed -= 1
+        return got
 
 
-def _even(data: bytes) -> tuple[bytes, bytes]:
-    """``data`` cut to whole samples, and the odd byte left over."""
-    cut = len(data) - len(data) % 2
-    return data[:cut], data[cut:]
-
-
-def _end_quietly(decoder: object) -> None:
-    """End an abandoned utterance so the decoder can start another."""
-    try:
-        decoder.end_utt()
-    except RuntimeError:
-        pass  # the decoder had no utterance running after all: it is ready either way
-
-
-def _load() -> object:
-    try:
-        from pocketsphinx import Decoder
-    except ImportError as exc:
-        raise SpeechError("the pocketsphinx package is not installed") from exc
-    try:
-        return Decoder(loglevel="FATAL", fwdflat=False, bestpath=False)
-    except (RuntimeError, ValueError) as exc:
-        raise SpeechError(f"PocketSphinx could not load its model: {exc}") from exc
-
-
-#: Spoken once through each decoder at start-up (eSpeak NG, bundled): live feature
-#: normalisation starts from a speech estimate, so a fresh server's first question is not
-#: misheard (the model's built-in estimate made "what is on the table" "forty on that any wolf").
+#: Spoken once through each recogniser at start-up (eSpeak NG, bundled): every utterance
+#: starts from the feature normalisation it leaves.
 CALIBRATION_TEXT = "the camera sees a table, a door and two people in the room"
 
 
@@ -235,14 +290,3 @@ def _calibration_speech() -> bytes:
     except (OSError, RuntimeError, SpeechError) as exc:
         log.warning("speech recognition is not calibrated: %s", exc)
         return b""
-
-
-def _calibrate(decoder: object, pcm16: bytes) -> None:
-    """Blocking: recognise ``pcm16`` once, so the decoder's normalisation has seen speech."""
-    if not pcm16:
-        return
-    samples = np.frombuffer(pcm16, "<i2").astype(np.float32)
-    samples += np.random.default_rng(0).normal(0.0, NOISE_FLOOR, len(samples)).astype(np.float32)
-    decoder.start_utt()
-    decoder.process_raw(np.clip(samples, -32768, 32767).astype("<i2").tobytes(), full_utt=True)
-    decoder.end_utt()
