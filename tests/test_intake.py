@@ -140,3 +140,16 @@ async def test_job_past_its_deadline_is_not_run() -> None:
         assert ran == []
     finally:
         blocking.configure(2)
+
+
+async def test_cancelled_caller_waits_for_its_running_job() -> None:
+    """A frame job that already started is awaited when its session is cancelled: nothing outlives the session."""
+    finished: list[bool] = []
+
+    def job() -> None:
+        time.sleep(0.2)
+        finished.append(True)
+
+    with anyio.move_on_after(0.05):
+        await blocking.run_fair(job)
+    assert finished == [True]
