@@ -1,15 +1,13 @@
 """The one way blocking work (base64, hashing, image decoding, speech) leaves the event loop:
-worker threads with bounded concurrency. Frame intake has its own image threads; a voice
-stage passes its own limiter (eSpeak is one global engine, a recogniser has a fixed pool of
-decoders).
+worker threads with bounded concurrency. Image work shares one limiter; a voice stage passes
+its own (eSpeak is one global engine, a recogniser has a fixed pool of decoders).
 
-Frame intake uses ``run_fair``: the image threads (``configure``) take jobs in the order they
-were asked for (one FIFO queue), and each session asks for at most one job at a time, so
-sessions take turns (round robin) however many frames one of them sends. Heavy images (large
-or PNG/WebP) also need a slot of a smaller pool, so they can never hold every thread; and a
-job that cannot start before its deadline is not run (``Overloaded``): the frame is shed with
-an answer instead of queued without bound. The queue hand-off is a plain executor, not
-``anyio.to_thread``: it costs the event loop about half as much per frame.
+Frame intake uses ``run_fair``: the shared image limiter hands its slots out in the order
+they were asked for (anyio's limiters are FIFO), and each session asks for at most one slot
+at a time, so sessions take turns (round robin) however many frames one of them sends.
+Heavy images (large or PNG/WebP) also need a slot of a smaller pool, so they can never hold
+every thread; and a job that cannot start before its deadline is not run (``Overloaded``):
+the frame is shed with an answer instead of queued without bound.
 """
 
 from __future__ import annotations
@@ -18,33 +16,21 @@ import asyncio
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 import anyio
 
 T = TypeVar("T")
-# One image pool per event loop: a limiter's waiters belong to the loop that made them, and
-# tests run servers and clients on several loops in one process.
-_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ImagePool] = weakref.WeakKeyDictionary()
+# One image pool and one heavy pool per event loop: a limiter's waiters belong to the loop
+# that made them, and tests run servers and clients on several loops in one process.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]] = (
+    weakref.WeakKeyDictionary()
+)
 _threads = 2
 
 
 class Overloaded(Exception):
     """A job could not start before its deadline; it was not run."""
-
-
-class _ImagePool:
-    """The image threads of one event loop (a FIFO queue), the heavy pool's limiter, and the
-    limiter ``run_blocking`` uses by default."""
-
-    def __init__(self, threads: int) -> None:
-        self.executor = ThreadPoolExecutor(threads, thread_name_prefix="livesight-image")
-        self.heavy = anyio.CapacityLimiter(max(1, threads - 1))
-        self.limiter = anyio.CapacityLimiter(threads)
-
-    def __del__(self) -> None:
-        self.executor.shutdown(wait=False)
 
 
 def configure(threads: int) -> None:
@@ -54,63 +40,45 @@ def configure(threads: int) -> None:
     _pools.clear()
 
 
-def _loop_pool() -> _ImagePool:
+def _loop_pools() -> tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]:
     loop = asyncio.get_running_loop()
-    pool = _pools.get(loop)
-    if pool is None:
-        pool = _pools[loop] = _ImagePool(_threads)
-    return pool
+    pools = _pools.get(loop)
+    if pools is None:
+        pools = _pools[loop] = (anyio.CapacityLimiter(_threads), anyio.CapacityLimiter(max(1, _threads - 1)))
+    return pools
 
 
 def _image_limiter() -> anyio.CapacityLimiter:
-    return _loop_pool().limiter
+    return _loop_pools()[0]
+
+
+def _heavy_limiter() -> anyio.CapacityLimiter:
+    return _loop_pools()[1]
 
 
 async def run_fair(fn: Callable[..., T], *args: object, deadline: float | None = None, heavy: bool = False) -> T:
-    """Run ``fn(*args)`` on the image threads, taking turns with other callers (FIFO).
+    """Run ``fn(*args)`` on the image pool, taking turns with other callers (FIFO).
 
-    ``deadline`` is a ``time.perf_counter()`` value: when the job has not started by then,
-    it is not run and ``Overloaded`` is raised. ``heavy``: the job also takes a slot of the
-    heavy pool (one thread fewer than the image threads). Returns ``fn``'s result, re-raises
-    its exception. A cancelled caller waits for a job that already started.
+    ``deadline`` is a ``time.perf_counter()`` value: when no slot is free by then, the job
+    is not run and ``Overloaded`` is raised. ``heavy``: the job also takes a slot of the
+    heavy pool (one thread fewer than the image pool). Returns ``fn``'s result, re-raises
+    its exception.
     """
-    pool = _loop_pool()
-    if not heavy:
-        return await _run_queued(pool.executor, fn, args, deadline)
-    timeout = None if deadline is None else deadline - time.perf_counter()
-    with anyio.move_on_after(timeout) as scope:
-        await pool.heavy.acquire()
-    if scope.cancelled_caught:
-        raise Overloaded
+    limiters = [_heavy_limiter(), _image_limiter()] if heavy else [_image_limiter()]
+    held: list[anyio.CapacityLimiter] = []
     try:
-        return await _run_queued(pool.executor, fn, args, deadline)
+        for limiter in limiters:
+            timeout = None if deadline is None else deadline - time.perf_counter()
+            with anyio.move_on_after(timeout) as scope:
+                await limiter.acquire()
+            if scope.cancelled_caught:
+                raise Overloaded
+            held.append(limiter)
+        # The slot is held: the default thread pool only supplies the thread.
+        return await anyio.to_thread.run_sync(fn, *args)
     finally:
-        pool.heavy.release()
-
-
-async def _run_queued(executor: ThreadPoolExecutor, fn: Callable[..., T], args: tuple, deadline: float | None) -> T:
-    loop = asyncio.get_running_loop()
-    job: Future[T] = executor.submit(fn, *args)
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = job.cancel()  # False once a thread has started it: then it runs
-
-    timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.perf_counter()), expire)
-    try:
-        return await asyncio.wrap_future(job, loop=loop)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if expired and (task is None or not task.cancelling()):
-            raise Overloaded from None
-        if not job.done():  # the caller was cancelled while the job runs: wait for it
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait([asyncio.wrap_future(job, loop=loop)])
-        raise
-    finally:
-        if timer is not None:
-            timer.cancel()
+        for limiter in reversed(held):
+            limiter.release()
 
 
 async def run_blocking(
