@@ -119,15 +119,22 @@ def decode_image(
     if max_side is not None and max_side < 1:
         raise ValueError("max_side must be at least 1")
     with open_image(data, max_pixels=max_pixels, max_aspect_ratio=max_aspect_ratio) as img:
-        if max_side is not None:
-            target = _fit(img.size, max_side)
-            if target != img.size:
-                # JPEG only (a no-op for other formats): libjpeg decodes at the largest
-                # 1/2^k scale that is still at least the target size.
-                img.draft("RGB", target)
-        img.load()
-        # In place: a copy of a 640x480 frame costs twice its decode.
-        ImageOps.exif_transpose(img, in_place=True)
+        return decode_opened(img, max_side)
+
+
+def decode_opened(img: Image.Image, max_side: int | None) -> Image.Image:
+    """``decode_image`` for an image already opened (and checked) by ``open_image``: call it
+    inside that ``with`` block, so the header is parsed once. Raises what Pillow raises
+    (``open_image`` turns that into ``ValueError``)."""
+    if max_side is not None:
+        target = _fit(img.size, max_side)
+        if target != img.size:
+            # JPEG only (a no-op for other formats): libjpeg decodes at the largest
+            # 1/2^k scale that is still at least the target size.
+            img.draft("RGB", target)
+    img.load()
+    # In place: a copy of a 640x480 frame costs twice its decode.
+    ImageOps.exif_transpose(img, in_place=True)
     out: Image.Image = img
     if out.mode != "RGB":
         out = out.convert("RGB")

@@ -38,12 +38,13 @@ def live_frame_count() -> int:
 
 
 def content_key(data: bytes) -> str:
-    """Return the frame's identity: a 32-hex-digit BLAKE2b hash of its encoded bytes.
+    """Return the frame's identity: the first 32 hex digits of the SHA-256 of its encoded bytes.
 
     Equal bytes give equal keys; the engine's multimodal cache trusts this key, so it
-    must never be anything weaker than a content hash.
+    must never be anything weaker than a content hash. SHA-256 rather than BLAKE2b: CPUs
+    with SHA extensions hash a 70 KB frame in less than half BLAKE2b's time.
     """
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 @dataclass(eq=False)

@@ -21,14 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import anyio
-import numpy as np
 from PIL import Image
 
 from handlers.core import decode_base64
-from handlers.decoder import ImageHeader, decode_image, read_header
+from handlers.decoder import ImageHeader, decode_image, decode_opened, open_image, sniff_format
 from handlers.errors import ErrorCode, SessionError
 from handlers.frames import content_key
-from handlers.similarity import thumbnail_of
+from handlers.similarity import NormalisedThumbnail, normalised_thumbnail
 
 MiB = 1024 * 1024
 
@@ -133,27 +132,37 @@ class PreparedFrame:
     header: ImageHeader
     heavy: bool
     image: Image.Image | None = None
-    thumb: np.ndarray | None = None
+    thumb: NormalisedThumbnail | None = None
     decode_ms: float | None = None
 
 
 def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None) -> PreparedFrame:
     """Blocking: base64, content key, header check and (unless heavy) the one decode.
 
+    The image is opened once: its header is checked, then (unless heavy) the same opened
+    image is decoded, so the JPEG markers are parsed once.
+
     Raises:
         SessionError: ``invalid_image`` for bad base64, an undecodable image, or one over
             the pixel or aspect-ratio limit (checked before any pixel is decoded).
     """
-    fid = None if frame_id is None else str(frame_id)
     raw = decode_base64(data, ErrorCode.INVALID_IMAGE, "frame data", frame_id)
+    checked = False
     try:
-        header = read_header(raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio)
+        with open_image(raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio) as img:
+            checked = True
+            header = ImageHeader(sniff_format(raw) or "", *img.size)
+            prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
+            if prepared.heavy:
+                return prepared  # decoded by ``decode_prepared`` on the heavy pool
+            started = time.perf_counter()
+            image = decode_opened(img, max_side)
     except ValueError as exc:
-        raise SessionError(ErrorCode.INVALID_IMAGE, f"image refused: {exc}", frame_id=fid) from None
-    prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
-    if prepared.heavy:
-        return prepared
-    return decode_prepared(prepared, frame_id, limits, max_side)
+        fid = None if frame_id is None else str(frame_id)
+        if not checked:
+            raise SessionError(ErrorCode.INVALID_IMAGE, f"image refused: {exc}", frame_id=fid) from None
+        raise SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=fid) from None
+    return _with_image(prepared, image, started)
 
 
 def decode_prepared(
@@ -172,5 +181,11 @@ def decode_prepared(
     except ValueError as exc:
         fid = None if frame_id is None else str(frame_id)
         raise SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=fid) from None
-    thumb = thumbnail_of(image)
+    return _with_image(prepared, image, started)
+
+
+def _with_image(prepared: PreparedFrame, image: Image.Image, started: float) -> PreparedFrame:
+    """The prepared frame with its decoded image and its similarity thumbnail (normalised
+    here, off the event loop)."""
+    thumb = normalised_thumbnail(image)
     return replace(prepared, image=image, thumb=thumb, decode_ms=round((time.perf_counter() - started) * 1000, 3))

@@ -230,7 +230,7 @@ def parse_client_event(raw: str | bytes, *, configured: bool = False) -> ClientE
     if isinstance(raw, bytes):
         raise SessionError(ErrorCode.INVALID_MESSAGE, "binary messages are not supported; send JSON text")
     try:
-        obj = json.loads(raw, parse_constant=_no_constant)
+        obj = _json_decoder.decode(raw)
     except (ValueError, RecursionError):
         raise SessionError(ErrorCode.INVALID_JSON, "message is not valid JSON") from None
     if not isinstance(obj, dict):
@@ -251,6 +251,10 @@ def parse_client_event(raw: str | bytes, *, configured: bool = False) -> ClientE
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
+
+
+# One decoder for every message (``json.loads`` with an argument builds a new one per call).
+_json_decoder = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def _is_unicode(obj: object) -> bool:

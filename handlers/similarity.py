@@ -98,15 +98,33 @@ def thumbnail_of(image: Image.Image, side: int = THUMBNAIL_SIDE) -> np.ndarray:
     return np.asarray(small, dtype=np.float32) / np.float32(255.0)
 
 
-def similarity(a: np.ndarray, b: np.ndarray) -> float:
-    """Return the share (0..1) of thumbnail cells that did not change between a and b.
+@dataclass(frozen=True, slots=True)
+class NormalisedThumbnail:
+    """A thumbnail already normalised (zero mean, unit contrast): made in the decode thread,
+    so the filter's check on the event loop is one comparison."""
+
+    values: np.ndarray
+
+
+def normalised_thumbnail(image: Image.Image, side: int = THUMBNAIL_SIDE) -> NormalisedThumbnail:
+    """``thumbnail_of`` an already decoded image, normalised for ``SimilarityFilter.check``."""
+    return NormalisedThumbnail(_normalise(thumbnail_of(image, side)))
+
+
+def similarity(a: np.ndarray | NormalisedThumbnail, b: np.ndarray | NormalisedThumbnail) -> float:
+    """Return the share (0..1) of thumbnail cells that did not change between a and b
+    (plain or already normalised thumbnails).
 
     1.0 means identical up to brightness, contrast and noise; see the module docstring.
 
     Raises:
         ValueError: the thumbnails differ in shape.
     """
-    return _unchanged_share(_normalise(a), _normalise(b))
+    return _unchanged_share(_normalised(a), _normalised(b))
+
+
+def _normalised(thumb: np.ndarray | NormalisedThumbnail) -> np.ndarray:
+    return thumb.values if isinstance(thumb, NormalisedThumbnail) else _normalise(thumb)
 
 
 def _normalise(thumb: np.ndarray) -> np.ndarray:
@@ -150,13 +168,14 @@ class SimilarityFilter:
         self.kept_total = 0
         self.dropped_total = 0
 
-    def check(self, thumb: np.ndarray) -> FilterDecision:
-        """Decide on one frame from its thumbnail; a kept frame becomes the reference.
+    def check(self, thumb: np.ndarray | NormalisedThumbnail) -> FilterDecision:
+        """Decide on one frame from its thumbnail (plain or already normalised); a kept frame
+        becomes the reference.
 
         Raises:
             ValueError: the thumbnail's shape differs from the reference's.
         """
-        normalised = _normalise(thumb)
+        normalised = _normalised(thumb)
         if self._reference is None:
             decision = FilterDecision(keep=True, similarity=0.0)
         else:

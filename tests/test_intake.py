@@ -73,7 +73,7 @@ def test_prepare_frame_decodes_once_with_its_thumbnail() -> None:
     raw = jpeg_frame(3, size=(640, 480))
     prepared = prepare_frame(b64(raw), None, IntakeLimits(), 320)
     assert not prepared.heavy and prepared.image is not None and max(prepared.image.size) <= 400
-    assert prepared.thumb is not None and prepared.thumb.shape == (32, 32)
+    assert prepared.thumb is not None and prepared.thumb.values.shape == (32, 32)
     assert similarity(prepared.thumb, thumbnail(raw)) > 0.95
     other = prepare_frame(b64(jpeg_frame(4, size=(640, 480))), None, IntakeLimits(), 320)
     assert similarity(prepared.thumb, other.thumb) < 0.9
@@ -140,3 +140,16 @@ async def test_job_past_its_deadline_is_not_run() -> None:
         assert ran == []
     finally:
         blocking.configure(2)
+
+
+async def test_cancelled_caller_waits_for_its_running_job() -> None:
+    """A frame job that already started is awaited when its session is cancelled: nothing outlives the session."""
+    finished: list[bool] = []
+
+    def job() -> None:
+        time.sleep(0.2)
+        finished.append(True)
+
+    with anyio.move_on_after(0.05):
+        await blocking.run_fair(job)
+    assert finished == [True]
