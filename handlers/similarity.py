@@ -1,18 +1,27 @@
 """The similarity filter ("EVS"): drop frames that show nothing new.
 
-Each frame is reduced to a 32x32 grayscale thumbnail (``thumbnail``). For JPEG the
-thumbnail comes from libjpeg's reduced-scale decode (``Image.draft``, down to 1/8): about
-0.7 ms for a 640x480 frame against 1.1-1.6 ms for a full decode, and 4-6 times cheaper
-for a 12-megapixel one. PNG and WebP are decoded in full and resized.
+Each frame is reduced to a 32x32 colour thumbnail (``thumbnail``: RGB, 32x32x3). For JPEG
+the thumbnail comes from libjpeg's reduced-scale decode (``Image.draft``, down to 1/8):
+about 0.7 ms for a 640x480 frame against 1.1-1.6 ms for a full decode, and 4-6 times
+cheaper for a 12-megapixel one. PNG and WebP are decoded in full and resized.
 
-The metric (``similarity``): both thumbnails are normalised to zero mean and unit
-contrast (divided by their standard deviation, floored at ``CONTRAST_FLOOR`` so the noise
-of a nearly uniform frame, e.g. a dark room, is not blown up). A cell of the 32x32 grid
-has *changed* when its normalised values differ by more than ``CELL_TOLERANCE`` (in
-units of the image's own contrast). The similarity is the fraction of cells that did
-not change: 1.0 = nothing changed, 0.97 = 3% of the picture changed, 0.0 = all of it.
-Brightness and exposure flicker, sensor noise and JPEG re-encoding change no cell; a
-hand entering a corner of the picture changes a few percent of them.
+The metric (``similarity``): a cell of the 32x32 grid has *changed* when either test says so.
+
+- Structure: both thumbnails' brightness (ITU-R 601 luma) is normalised to zero mean and
+  unit contrast (divided by its standard deviation, floored at ``CONTRAST_FLOOR`` so the
+  noise of a nearly uniform frame, e.g. a dark room, is not blown up); the cell changed
+  when its normalised values differ by more than ``CELL_TOLERANCE`` (in units of the
+  image's own contrast).
+- Colour: the cell changed when its colour moved by more than ``COLOUR_TOLERANCE`` (0..1)
+  in any of R, G, B. Normalisation removes the mean and the contrast, so without this a
+  plain frame changing colour (vLLM-Omni's example client sends ten plain frames of ten
+  colours) or a room whose light is switched on would count as nothing new.
+
+The similarity is the fraction of cells that did not change: 1.0 = nothing changed,
+0.97 = 3% of the picture changed, 0.0 = all of it. Exposure flicker (up to +-10%),
+sensor noise and JPEG re-encoding change no cell; a hand entering a corner of the picture
+changes a few percent of them; a change of colour, or of brightness by more than 20% of
+full scale (51 of 255 levels), changes every cell it reaches.
 
 ``SimilarityFilter`` compares each frame with the last frame it KEPT, not the previous
 one, so slow change accumulates until it passes. A frame is dropped when its similarity
@@ -68,58 +77,83 @@ THUMBNAIL_SIDE = 32
 CELL_TOLERANCE = 0.3
 #: Smallest contrast (standard deviation, brightness in 0..1) divided by when normalising.
 CONTRAST_FLOOR = 0.04
+#: A cell has changed when its colour moved by more than this (0..1) in any of R, G, B:
+#: above exposure flicker (+-10% on each of two frames: 20% of a bright cell) plus noise,
+#: below a change of colour or of the light level a viewer would call one. At 0.15 the
+#: static clips below kept 3 frames of 120 more (flicker spread); at 0.2 the table holds.
+COLOUR_TOLERANCE = 0.2
+#: ITU-R 601 luma weights (JPEG's own brightness channel).
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
 def thumbnail(data: bytes, side: int = THUMBNAIL_SIDE) -> np.ndarray:
-    """Return a ``side`` x ``side`` float32 grayscale thumbnail of an encoded image.
+    """Return a ``side`` x ``side`` x 3 float32 RGB thumbnail of an encoded image.
 
-    Values are brightness in 0..1. A JPEG is decoded at reduced scale (down to 1/8),
-    never in full; the aspect ratio is not kept (the grid covers the whole picture).
+    Values are in 0..1. A JPEG is decoded at reduced scale (down to 1/8), never in full;
+    the aspect ratio is not kept (the grid covers the whole picture).
 
     Raises:
         ValueError: the bytes are not a decodable JPEG, PNG or WebP image.
     """
     with open_image(data) as img:
-        img.draft("L", (side, side))
-        small = img.convert("L").resize((side, side), Image.Resampling.BOX)
+        img.draft("RGB", (side, side))
+        small = img.convert("RGB").resize((side, side), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32) / np.float32(255.0)
 
 
 def thumbnail_of(image: Image.Image, side: int = THUMBNAIL_SIDE) -> np.ndarray:
     """``thumbnail`` of an already decoded image: no second decode of the frame.
 
-    A ``4 side`` x ``4 side`` grid of pixels is sampled, box-averaged to ``side`` x ``side``
-    (16 samples a cell: sensor noise and JPEG noise average out) and made grayscale (ITU-R
-    601 luma, as JPEG's own brightness channel): ~0.2 ms for a 640x480 frame, against
-    ~0.7 ms for a box average over every pixel.
+    A ``4 side`` x ``4 side`` grid of pixels is sampled and box-averaged to ``side`` x
+    ``side`` x 3 (16 samples a cell: sensor noise and JPEG noise average out): ~0.2 ms for a
+    640x480 frame, against ~0.7 ms for a box average over every pixel.
     """
-    grid = image.resize((4 * side, 4 * side), Image.Resampling.NEAREST) if min(image.size) > 4 * side else image
-    small = grid.resize((side, side), Image.Resampling.BOX).convert("L")
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    grid = rgb.resize((4 * side, 4 * side), Image.Resampling.NEAREST) if min(rgb.size) > 4 * side else rgb
+    small = grid.resize((side, side), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32) / np.float32(255.0)
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> float:
     """Return the share (0..1) of thumbnail cells that did not change between a and b.
 
-    1.0 means identical up to brightness, contrast and noise; see the module docstring.
+    Thumbnails are ``thumbnail``'s (H x W x 3, RGB) or grayscale (H x W, brightness).
+    1.0 means identical up to exposure flicker, noise and re-encoding; see the module
+    docstring.
 
     Raises:
         ValueError: the thumbnails differ in shape.
     """
-    return _unchanged_share(_normalise(a), _normalise(b))
+    return _unchanged_share(_Reference.of(a), _Reference.of(b))
 
 
-def _normalise(thumb: np.ndarray) -> np.ndarray:
-    values = np.asarray(thumb, dtype=np.float32)
-    centred: np.ndarray = values - values.mean()
-    return centred / np.float32(max(float(values.std()), CONTRAST_FLOOR))
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    """What a thumbnail is compared by: normalised brightness (H x W), colour (H x W x C)."""
+
+    structure: np.ndarray
+    colour: np.ndarray
+
+    @staticmethod
+    def of(thumb: np.ndarray) -> _Reference:
+        values = np.asarray(thumb, dtype=np.float32)
+        colour = values if values.ndim == 3 else values[..., np.newaxis]
+        luma = values @ _LUMA if values.ndim == 3 else values
+        return _Reference(_normalise(luma), colour)
 
 
-def _unchanged_share(a: np.ndarray, b: np.ndarray) -> float:
-    if a.shape != b.shape:
-        raise ValueError(f"thumbnail shapes differ: {a.shape} vs {b.shape}")
-    changed = np.count_nonzero(np.abs(a - b) > CELL_TOLERANCE)
-    return 1.0 - changed / a.size
+def _normalise(luma: np.ndarray) -> np.ndarray:
+    centred: np.ndarray = luma - luma.mean()
+    return centred / np.float32(max(float(luma.std()), CONTRAST_FLOOR))
+
+
+def _unchanged_share(a: _Reference, b: _Reference) -> float:
+    if a.colour.shape != b.colour.shape:
+        raise ValueError(f"thumbnail shapes differ: {a.colour.shape} vs {b.colour.shape}")
+    moved = np.abs(a.structure - b.structure) > CELL_TOLERANCE
+    recoloured = np.max(np.abs(a.colour - b.colour), axis=-1) > COLOUR_TOLERANCE
+    changed = np.count_nonzero(moved | recoloured)
+    return 1.0 - changed / moved.size
 
 
 @dataclass(frozen=True)
@@ -146,7 +180,7 @@ class SimilarityFilter:
             raise ValueError("threshold must be between 0 and 1")
         self.threshold = threshold
         self.enabled = enabled
-        self._reference: np.ndarray | None = None
+        self._reference: _Reference | None = None
         self.kept_total = 0
         self.dropped_total = 0
 
@@ -156,15 +190,15 @@ class SimilarityFilter:
         Raises:
             ValueError: the thumbnail's shape differs from the reference's.
         """
-        normalised = _normalise(thumb)
+        current = _Reference.of(thumb)
         if self._reference is None:
             decision = FilterDecision(keep=True, similarity=0.0)
         else:
-            score = _unchanged_share(self._reference, normalised)
+            score = _unchanged_share(self._reference, current)
             keep = not self.enabled or score <= self.threshold
             decision = FilterDecision(keep=keep, similarity=score)
         if decision.keep:
-            self._reference = normalised
+            self._reference = current
             self.kept_total += 1
         else:
             self.dropped_total += 1
