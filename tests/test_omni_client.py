@@ -1,7 +1,8 @@
 """vLLM-Omni's example streaming client, mode by mode, against the real server.
 
 The client is vLLM-Omni's ``examples/online_serving/qwen3_omni/streaming_video_client.py``
-(read at commit 2a09b7407e9d; not vendored here). What it does, reproduced below from
+(added by PR #2342, commit 7b876324; read at commit 2a09b7407e9d, where it is unchanged; not
+vendored here). What it does, reproduced below from
 reading it (same messages, fields, order and pacing; none of its code):
 
 - ``websockets.connect(url, max_size=16 MiB)``; the first message is ``session.config``
@@ -73,18 +74,28 @@ def video_file_frames(path: Path, max_frames: int = 64, fps: int = 2) -> list[by
     return frames
 
 
-async def run_client(url: str, frames: list[bytes], audio: bytes | None = None) -> tuple[list[dict[str, Any]], int]:
-    """One run of the client; returns every event it read and the close code that followed."""
-    config = {
+def client_config(audio: bool, legacy_names: bool = False) -> dict[str, Any]:
+    """The client's ``session.config``; ``legacy_names``: as in the file's draft before it was
+    merged (vLLM-Omni PR #2342, commit 8aaf1b04: ``num_sample_frames``, ``evs_enabled``,
+    ``evs_threshold``, no ``use_audio_in_video``)."""
+    config: dict[str, Any] = {
         "type": "session.config",
         "model": "Qwen/Qwen3-Omni-MoE",
         "modalities": ["text", "audio"] if audio else ["text"],
         "max_frames": 64,
-        "num_frames": 16,
-        "enable_frame_filter": True,
-        "frame_filter_threshold": 0.95,
-        "use_audio_in_video": bool(audio),
     }
+    if legacy_names:
+        return config | {"num_sample_frames": 16, "evs_enabled": True, "evs_threshold": 0.95}
+    return config | {
+        "num_frames": 16, "enable_frame_filter": True, "frame_filter_threshold": 0.95, "use_audio_in_video": audio,
+    }
+
+
+async def run_client(
+    url: str, frames: list[bytes], audio: bytes | None = None, legacy_names: bool = False
+) -> tuple[list[dict[str, Any]], int]:
+    """One run of the client; returns every event it read and the close code that followed."""
+    config = client_config(bool(audio), legacy_names)
     events: list[dict[str, Any]] = []
     async with websockets.connect(url, max_size=16 * 1024 * 1024) as ws:
         await ws.send(json.dumps(config))
@@ -118,10 +129,12 @@ def assert_completed(events: list[dict[str, Any]], close_code: int) -> dict[str,
     return events[kinds.index("video.frames.consumed")]
 
 
-async def test_synthetic_frames_mode_completes_and_keeps_every_colour(server: RunningServer) -> None:
+@pytest.mark.parametrize("legacy_names", [False, True], ids=["merged-config", "draft-config"])
+async def test_synthetic_frames_mode_completes_and_keeps_every_colour(server: RunningServer, legacy_names: bool) -> None:
     """Ten plain frames of ten colours, unnamed: all ten reach the prompt, frame_ids has no null."""
-    events, close_code = await run_client(server.ws_url, [synthetic_frame(i) for i in range(10)])
+    events, close_code = await run_client(server.ws_url, [synthetic_frame(i) for i in range(10)], None, legacy_names)
     consumed = assert_completed(events, close_code)
+    assert events[0]["config"]["frame_filter_threshold"] == 0.95 and events[0]["config"]["num_frames"] == 16
     assert consumed["frame_ids"] == []
     assert [f["seq"] for f in consumed["frames"]] == list(range(10))
     assert all(f["frame_id"] is None for f in consumed["frames"])
