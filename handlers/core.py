@@ -772,7 +772,9 @@ class SessionCore:
         )
 
     def consumed(self, plan: QueryPlan) -> FramesConsumed:
-        """The ``video.frames.consumed`` event: exactly the frames in the prompt."""
+        """The ``video.frames.consumed`` event: exactly the frames in the prompt. ``frames``
+        has one entry per frame (an unnamed one: ``frame_id`` null, known by its ``seq``);
+        ``frame_ids`` only the ids clients gave, so it never holds a null."""
         origin = self.origin or plan.used[0]
         frames = [
             ConsumedFrame(
@@ -791,7 +793,7 @@ class SessionCore:
         pts = [f.pts_ms for f in plan.used if f.pts_ms is not None]
         return FramesConsumed(
             request_id=plan.request_id,
-            frame_ids=[f.frame_id for f in plan.used],
+            frame_ids=[f.frame_id for f in plan.used if f.frame_id is not None],
             frames=frames,
             latest_pts_ms=max(pts) if pts else None,
         )

@@ -336,8 +336,8 @@ class ConsumedFrame(BaseModel):
 class FramesConsumed(ServerEvent):
     type: Literal["video.frames.consumed"] = "video.frames.consumed"
     request_id: str
-    frame_ids: list[FrameId | None]
-    frames: list[ConsumedFrame]
+    frame_ids: list[FrameId]  # the ids of the frames used that had one (no null)
+    frames: list[ConsumedFrame]  # every frame used, named or not
     latest_pts_ms: float | None = None
 
 

@@ -1,18 +1,27 @@
 """The similarity filter ("EVS"): drop frames that show nothing new.
 
-Each frame is reduced to a 32x32 grayscale thumbnail (``thumbnail``). For JPEG the
-thumbnail comes from libjpeg's reduced-scale decode (``Image.draft``, down to 1/8): about
-0.7 ms for a 640x480 frame against 1.1-1.6 ms for a full decode, and 4-6 times cheaper
-for a 12-megapixel one. PNG and WebP are decoded in full and resized.
+Each frame is reduced to a 32x32 colour thumbnail (``thumbnail``: RGB, 32x32x3). For JPEG
+the thumbnail comes from libjpeg's reduced-scale decode (``Image.draft``, down to 1/8):
+about 0.7 ms for a 640x480 frame against 1.1-1.6 ms for a full decode, and 4-6 times
+cheaper for a 12-megapixel one. PNG and WebP are decoded in full and resized.
 
-The metric (``similarity``): both thumbnails are normalised to zero mean and unit
-contrast (divided by their standard deviation, floored at ``CONTRAST_FLOOR`` so the noise
-of a nearly uniform frame, e.g. a dark room, is not blown up). A cell of the 32x32 grid
-has *changed* when its normalised values differ by more than ``CELL_TOLERANCE`` (in
-units of the image's own contrast). The similarity is the fraction of cells that did
-not change: 1.0 = nothing changed, 0.97 = 3% of the picture changed, 0.0 = all of it.
-Brightness and exposure flicker, sensor noise and JPEG re-encoding change no cell; a
-hand entering a corner of the picture changes a few percent of them.
+The metric (``similarity``): a cell of the 32x32 grid has *changed* when either test says so.
+
+- Structure: both thumbnails' brightness (ITU-R 601 luma) is normalised to zero mean and
+  unit contrast (divided by its standard deviation, floored at ``CONTRAST_FLOOR`` so the
+  noise of a nearly uniform frame, e.g. a dark room, is not blown up); the cell changed
+  when its normalised values differ by more than ``CELL_TOLERANCE`` (in units of the
+  image's own contrast).
+- Colour: the cell changed when its colour moved by more than ``COLOUR_TOLERANCE`` (0..1)
+  in any of R, G, B. Normalisation removes the mean and the contrast, so without this a
+  plain frame changing colour (vLLM-Omni's example client sends ten plain frames of ten
+  colours) or a room whose light is switched on would count as nothing new.
+
+The similarity is the fraction of cells that did not change: 1.0 = nothing changed,
+0.97 = 3% of the picture changed, 0.0 = all of it. Exposure flicker (up to +-10%),
+sensor noise and JPEG re-encoding change no cell; a hand entering a corner of the picture
+changes a few percent of them; a change of colour, or of brightness by more than 20% of
+full scale (51 of 255 levels), changes every cell it reaches.
 
 ``SimilarityFilter`` compares each frame with the last frame it KEPT, not the previous
 one, so slow change accumulates until it passes. A frame is dropped when its similarity
@@ -45,6 +54,11 @@ grid, box-averaged) instead of a second, reduced decode. Checked on the same cli
 the same drops on moving footage (2 and 10 fps, within one frame in 40) and on static noise
 and flicker (39 of 40); under camera shake it keeps more (drops 12-23 of 40 against 26-32).
 
+The colour test was checked against the brightness-only metric on the server path, same
+clips and protocol (thresholds 0.8-0.99): the same drops on moving footage (within one frame
+of 41-100 per clip and rate) and on static noise and flicker (identical); under banding and
+shake within 5 frames of 120.
+
 ``DEFAULT_THRESHOLD`` = 0.98 (drop a frame when less than 2% of the picture changed since
 the last kept one): every moving clip keeps all its frames at 2 fps and 66-92% at 10 fps,
 while a still camera sends one frame. A peer's default dropped 90-95% of moving footage.
@@ -68,76 +82,94 @@ THUMBNAIL_SIDE = 32
 CELL_TOLERANCE = 0.3
 #: Smallest contrast (standard deviation, brightness in 0..1) divided by when normalising.
 CONTRAST_FLOOR = 0.04
+#: A cell has changed when its colour moved by more than this (0..1) in any of R, G, B:
+#: above exposure flicker (+-10% on each of two frames: 20% of a bright cell) plus noise,
+#: below a change of colour or of the light level a viewer would call one. At 0.15 the
+#: static clips below kept 3 frames of 120 more (flicker spread); at 0.2 the table holds.
+COLOUR_TOLERANCE = 0.2
+#: ITU-R 601 luma weights (JPEG's own brightness channel).
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
 def thumbnail(data: bytes, side: int = THUMBNAIL_SIDE) -> np.ndarray:
-    """Return a ``side`` x ``side`` float32 grayscale thumbnail of an encoded image.
+    """Return a ``side`` x ``side`` x 3 float32 RGB thumbnail of an encoded image.
 
-    Values are brightness in 0..1. A JPEG is decoded at reduced scale (down to 1/8),
-    never in full; the aspect ratio is not kept (the grid covers the whole picture).
+    Values are in 0..1. A JPEG is decoded at reduced scale (down to 1/8), never in full;
+    the aspect ratio is not kept (the grid covers the whole picture).
 
     Raises:
         ValueError: the bytes are not a decodable JPEG, PNG or WebP image.
     """
     with open_image(data) as img:
-        img.draft("L", (side, side))
-        small = img.convert("L").resize((side, side), Image.Resampling.BOX)
+        img.draft("RGB", (side, side))
+        small = img.convert("RGB").resize((side, side), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32) / np.float32(255.0)
 
 
 def thumbnail_of(image: Image.Image, side: int = THUMBNAIL_SIDE) -> np.ndarray:
     """``thumbnail`` of an already decoded image: no second decode of the frame.
 
-    A ``4 side`` x ``4 side`` grid of pixels is sampled, box-averaged to ``side`` x ``side``
-    (16 samples a cell: sensor noise and JPEG noise average out) and made grayscale (ITU-R
-    601 luma, as JPEG's own brightness channel): ~0.2 ms for a 640x480 frame, against
-    ~0.7 ms for a box average over every pixel.
+    A ``4 side`` x ``4 side`` grid of pixels is sampled and box-averaged to ``side`` x
+    ``side`` x 3 (16 samples a cell: sensor noise and JPEG noise average out): ~0.2 ms for a
+    640x480 frame, against ~0.7 ms for a box average over every pixel.
     """
-    grid = image.resize((4 * side, 4 * side), Image.Resampling.NEAREST) if min(image.size) > 4 * side else image
-    small = grid.resize((side, side), Image.Resampling.BOX).convert("L")
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    grid = rgb.resize((4 * side, 4 * side), Image.Resampling.NEAREST) if min(rgb.size) > 4 * side else rgb
+    small = grid.resize((side, side), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32) / np.float32(255.0)
 
 
 @dataclass(frozen=True, slots=True)
 class NormalisedThumbnail:
-    """A thumbnail already normalised (zero mean, unit contrast): made in the decode thread,
-    so the filter's check on the event loop is one comparison."""
+    """What a thumbnail is compared by: normalised brightness (H x W: zero mean, unit
+    contrast) and colour (H x W x C). Made once, in the decode thread, so the filter's check
+    on the event loop is one comparison."""
 
-    values: np.ndarray
+    structure: np.ndarray
+    colour: np.ndarray
+
+    @staticmethod
+    def of(thumb: np.ndarray | NormalisedThumbnail) -> NormalisedThumbnail:
+        """A thumbnail (``thumbnail``'s RGB, or grayscale brightness) ready to compare."""
+        if isinstance(thumb, NormalisedThumbnail):
+            return thumb
+        values = np.asarray(thumb, dtype=np.float32)
+        colour = values if values.ndim == 3 else values[..., np.newaxis]
+        luma = values @ _LUMA if values.ndim == 3 else values
+        return NormalisedThumbnail(_normalise(luma), colour)
 
 
 def normalised_thumbnail(image: Image.Image, side: int = THUMBNAIL_SIDE) -> NormalisedThumbnail:
-    """``thumbnail_of`` an already decoded image, normalised for ``SimilarityFilter.check``."""
-    return NormalisedThumbnail(_normalise(thumbnail_of(image, side)))
+    """``thumbnail_of`` an already decoded image, ready for ``SimilarityFilter.check``."""
+    return NormalisedThumbnail.of(thumbnail_of(image, side))
 
 
 def similarity(a: np.ndarray | NormalisedThumbnail, b: np.ndarray | NormalisedThumbnail) -> float:
     """Return the share (0..1) of thumbnail cells that did not change between a and b
     (plain or already normalised thumbnails).
 
-    1.0 means identical up to brightness, contrast and noise; see the module docstring.
+    Thumbnails are ``thumbnail``'s (H x W x 3, RGB) or grayscale (H x W, brightness).
+    1.0 means identical up to exposure flicker, noise and re-encoding; see the module
+    docstring.
 
     Raises:
         ValueError: the thumbnails differ in shape.
     """
-    return _unchanged_share(_normalised(a), _normalised(b))
+    return _unchanged_share(NormalisedThumbnail.of(a), NormalisedThumbnail.of(b))
 
 
-def _normalised(thumb: np.ndarray | NormalisedThumbnail) -> np.ndarray:
-    return thumb.values if isinstance(thumb, NormalisedThumbnail) else _normalise(thumb)
+def _normalise(luma: np.ndarray) -> np.ndarray:
+    centred: np.ndarray = luma - luma.mean()
+    return centred / np.float32(max(float(luma.std()), CONTRAST_FLOOR))
 
 
-def _normalise(thumb: np.ndarray) -> np.ndarray:
-    values = np.asarray(thumb, dtype=np.float32)
-    centred: np.ndarray = values - values.mean()
-    return centred / np.float32(max(float(values.std()), CONTRAST_FLOOR))
-
-
-def _unchanged_share(a: np.ndarray, b: np.ndarray) -> float:
-    if a.shape != b.shape:
-        raise ValueError(f"thumbnail shapes differ: {a.shape} vs {b.shape}")
-    changed = np.count_nonzero(np.abs(a - b) > CELL_TOLERANCE)
-    return 1.0 - changed / a.size
+def _unchanged_share(a: NormalisedThumbnail, b: NormalisedThumbnail) -> float:
+    if a.colour.shape != b.colour.shape:
+        raise ValueError(f"thumbnail shapes differ: {a.colour.shape} vs {b.colour.shape}")
+    moved = np.abs(a.structure - b.structure) > CELL_TOLERANCE
+    recoloured = np.max(np.abs(a.colour - b.colour), axis=-1) > COLOUR_TOLERANCE
+    changed = np.count_nonzero(moved | recoloured)
+    return 1.0 - changed / moved.size
 
 
 @dataclass(frozen=True)
@@ -164,7 +196,7 @@ class SimilarityFilter:
             raise ValueError("threshold must be between 0 and 1")
         self.threshold = threshold
         self.enabled = enabled
-        self._reference: np.ndarray | None = None
+        self._reference: NormalisedThumbnail | None = None
         self.kept_total = 0
         self.dropped_total = 0
 
@@ -175,15 +207,15 @@ class SimilarityFilter:
         Raises:
             ValueError: the thumbnail's shape differs from the reference's.
         """
-        normalised = _normalised(thumb)
+        current = NormalisedThumbnail.of(thumb)
         if self._reference is None:
             decision = FilterDecision(keep=True, similarity=0.0)
         else:
-            score = _unchanged_share(self._reference, normalised)
+            score = _unchanged_share(self._reference, current)
             keep = not self.enabled or score <= self.threshold
             decision = FilterDecision(keep=keep, similarity=score)
         if decision.keep:
-            self._reference = normalised
+            self._reference = current
             self.kept_total += 1
         else:
             self.dropped_total += 1

@@ -91,7 +91,8 @@ class Answer:
     total_ms: float | None = None
     server_timings: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
-    frame_ids: list[Any] = field(default_factory=list)
+    frame_ids: list[Any] = field(default_factory=list)  # the named frames the prompt used
+    frames_in_prompt: int = 0  # every frame the prompt used, named or not
     latest_pts_ms: float | None = None
     error: str | None = None
     audio_chunks: int = 0
@@ -103,7 +104,7 @@ class Answer:
 
     @property
     def frames_used(self) -> int:
-        return len(self.frame_ids)
+        return self.frames_in_prompt
 
     async def wait(self, timeout: float | None = None) -> Answer:
         """Wait for ``response.done`` (or the refusal); returns self. Raises ``TimeoutError``."""
@@ -307,6 +308,7 @@ class StreamClient:
             answer = self._running.get(event.request_id)
             if answer:
                 answer.frame_ids = list(event.frame_ids)
+                answer.frames_in_prompt = len(event.frames)
                 answer.latest_pts_ms = event.latest_pts_ms
         elif isinstance(event, ResponseTextDelta):
             answer = self._running.get(event.request_id)

@@ -248,3 +248,26 @@ def test_parse_errors_have_codes() -> None:
         with pytest.raises(SessionError) as err:
             parse_client_event(raw)
         assert err.value.code is code, raw
+
+
+def test_frames_consumed_lists_no_null_ids() -> None:
+    """Unnamed frames are in ``frames`` (known by ``seq``) but not in ``frame_ids``, which holds no null."""
+    core = _core(num_frames=8)
+    _decoded(core, 1)
+    _decoded(core, 2, "b")
+    _decoded(core, 3)
+    _decoded(core, 4, 7)
+    plan = core.plan_query(VideoQuery(type="video.query", text="?"))
+    core.settle_frames(plan)
+    core.query_prompt(plan)
+    consumed = core.consumed(plan).model_dump()
+    assert consumed["frame_ids"] == ["b", 7]
+    assert [(f["frame_id"], f["seq"]) for f in consumed["frames"]] == [(None, 0), ("b", 1), (None, 2), (7, 3)]
+    core.finish(plan, "ok")
+    unnamed = _core()
+    _decoded(unnamed, 5)
+    plan = unnamed.plan_query(VideoQuery(type="video.query", text="?"))
+    unnamed.settle_frames(plan)
+    unnamed.query_prompt(plan)
+    consumed = unnamed.consumed(plan).model_dump()
+    assert consumed["frame_ids"] == [] and len(consumed["frames"]) == 1

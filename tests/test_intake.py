@@ -73,7 +73,7 @@ def test_prepare_frame_decodes_once_with_its_thumbnail() -> None:
     raw = jpeg_frame(3, size=(640, 480))
     prepared = prepare_frame(b64(raw), None, IntakeLimits(), 320)
     assert not prepared.heavy and prepared.image is not None and max(prepared.image.size) <= 400
-    assert prepared.thumb is not None and prepared.thumb.values.shape == (32, 32)
+    assert prepared.thumb is not None and prepared.thumb.colour.shape == (32, 32, 3)
     assert similarity(prepared.thumb, thumbnail(raw)) > 0.95
     other = prepare_frame(b64(jpeg_frame(4, size=(640, 480))), None, IntakeLimits(), 320)
     assert similarity(prepared.thumb, other.thumb) < 0.9

@@ -68,17 +68,17 @@ def kept(threshold: float, thumbs: list[np.ndarray]) -> int:
     return sum(filt.check(t).keep for t in thumbs)
 
 
-def test_thumbnail_of_jpeg_and_png_is_a_small_grayscale_array() -> None:
-    """A JPEG and a PNG of one picture give 32x32 float32 thumbnails in 0..1 that match."""
+def test_thumbnail_of_jpeg_and_png_is_a_small_colour_array() -> None:
+    """A JPEG and a PNG of one picture give 32x32 RGB float32 thumbnails in 0..1 that match."""
     pixels = scene(100, background())
     from_jpeg = thumbnail(encode(pixels, "JPEG"))
     from_png = thumbnail(encode(pixels, "PNG"))
     for thumb in (from_jpeg, from_png):
-        assert thumb.shape == (32, 32) and thumb.dtype == np.float32
+        assert thumb.shape == (32, 32, 3) and thumb.dtype == np.float32
         assert 0.0 <= thumb.min() and thumb.max() <= 1.0
     # The JPEG path samples at 1/8 scale first, so a few cells on sharp edges differ.
     assert similarity(from_jpeg, from_png) >= 0.97
-    assert thumbnail(encode(pixels, "WEBP"), side=16).shape == (16, 16)
+    assert thumbnail(encode(pixels, "WEBP"), side=16).shape == (16, 16, 3)
 
 
 @pytest.mark.parametrize(
@@ -198,3 +198,51 @@ def test_threshold_outside_zero_to_one_is_refused(threshold: float) -> None:
     """Thresholds are a share in 0..1."""
     with pytest.raises(ValueError):
         SimilarityFilter(threshold)
+
+
+def plain(rgb: tuple[float, float, float], *, gain: float = 1.0, noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    """A frame of one colour (float RGB 0..255), optionally scaled and noisy."""
+    pixels = np.empty((HEIGHT, WIDTH, 3), np.float32)
+    pixels[:] = np.asarray(rgb, np.float32) * gain
+    if noise:
+        pixels += np.random.default_rng(seed).normal(0.0, noise, pixels.shape)
+    return pixels
+
+
+#: vLLM-Omni's example streaming client's synthetic frames: frame i is plain (37i, 73i, 113i) mod 256.
+OMNI_COLOURS = [((i * 37) % 256, (i * 73) % 256, (i * 113) % 256) for i in range(10)]
+
+
+@pytest.mark.parametrize("threshold", [0.95, DEFAULT_THRESHOLD])
+def test_plain_frames_of_different_colours_are_all_kept(threshold: float) -> None:
+    """Ten plain frames of ten colours are ten changes, at vLLM-Omni's threshold and the default."""
+    filt = SimilarityFilter(threshold)
+    decisions = [filt.check(thumbnail(encode(plain(colour)))) for colour in OMNI_COLOURS]
+    assert all(d.keep for d in decisions)
+    assert all(d.similarity == 0.0 for d in decisions[1:])
+    primaries = [(255, 0, 0), (0, 0, 255), (0, 255, 0), (255, 255, 0), (255, 255, 255), (0, 0, 0)]
+    filt = SimilarityFilter(threshold)
+    assert all(filt.check(thumbnail(encode(plain(c)))).keep for c in primaries)
+
+
+def test_the_same_plain_colour_twice_is_filtered() -> None:
+    """A plain frame sent again (re-encoded, noisy, flickering a little) is a near-duplicate."""
+    filt = SimilarityFilter(DEFAULT_THRESHOLD)
+    assert filt.check(thumbnail(encode(plain((200, 40, 40))))).keep
+    for seed, gain in enumerate([1.0, 0.92, 1.08, 0.96]):
+        again = thumbnail(encode(plain((200, 40, 40), gain=gain, noise=4.0, seed=seed)))
+        decision = filt.check(again)
+        assert not decision.keep and decision.similarity == 1.0
+    assert (filt.kept_total, filt.dropped_total) == (1, 4)
+
+
+def test_a_brightness_step_of_a_plain_frame_is_a_change() -> None:
+    """A plain grey frame turned brighter or darker is kept; a textured scene's steps are too."""
+    filt = SimilarityFilter(DEFAULT_THRESHOLD)
+    assert filt.check(thumbnail(encode(plain((90, 90, 90))))).keep
+    assert filt.check(thumbnail(encode(plain((170, 170, 170))))).keep
+    assert filt.check(thumbnail(encode(plain((90, 90, 90))))).keep
+    base = background()
+    scene_filter = SimilarityFilter(DEFAULT_THRESHOLD)
+    assert scene_filter.check(thumbnail(encode(scene(100, base, gain=0.5)))).keep
+    assert scene_filter.check(thumbnail(encode(scene(100, base, gain=1.0)))).keep
