@@ -575,11 +575,12 @@ async def test_cancelled_warmup_stops_within_one_frame(rig: Rig) -> None:
     steps: list[int] = []
     first_step = anyio.Event()
     forward = engine._forward
+    loop = anyio.lowlevel.current_token()
 
     def counting(session_id: str, cache: Any, pieces: list[Piece]) -> torch.Tensor:
         steps.append(sum(1 for piece in pieces if piece.image_key))
         out = forward(session_id, cache, pieces)
-        anyio.from_thread.run_sync(first_step.set)
+        anyio.from_thread.run_sync(first_step.set, token=loop)  # from the model thread
         return out
 
     engine._forward = counting  # type: ignore[method-assign]

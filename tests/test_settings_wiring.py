@@ -42,6 +42,33 @@ def test_max_cached_images_reaches_the_engine(tiny_model_dir: Path) -> None:
         anyio.run(engine.close)
 
 
+def test_model_nice_reaches_the_model_thread(tiny_model_dir: Path) -> None:
+    """model_nice lowers the priority of the model thread and of the threads torch starts from it."""
+    import os
+
+    import anyio
+
+    from server.engines import create_engine
+    from server.engines.base import ChatTurn, Prompt, TextSegment
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base + 7 > 19:
+        pytest.fail("the test process already runs at nice %d" % base)
+    engine = create_engine(Settings(model=str(tiny_model_dir), model_nice=7))
+
+    async def use() -> None:
+        await engine.start()
+        await engine.prefill("s", Prompt((ChatTurn("user", (TextSegment("hello " * 64),)),), open_turn=True))
+
+    anyio.run(use)
+    try:
+        thread = engine._model_thread.native_id
+        assert thread is not None and os.getpriority(os.PRIO_PROCESS, thread) == base + 7
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the rest of the server is untouched
+    finally:
+        anyio.run(engine.close)
+
+
 def test_transport_settings_reach_uvicorn() -> None:
     """The one uvicorn configuration carries the WebSocket settings (CLI, tests and benches share it)."""
     settings = Settings(

@@ -52,6 +52,7 @@ def create_engine(settings: Settings) -> Engine:
         max_cached_tokens=settings.max_cached_tokens,
         max_image_side=settings.max_image_side,
         max_cached_images=settings.max_cached_images,
+        model_nice=settings.model_nice,
     )
 
 

@@ -1,7 +1,8 @@
 """The embedded engine: an image-text model run with transformers, on CPU or GPU.
 
 Every model step (preprocessing a new image, a prefill chunk, one decoding step) is one job
-on a single worker thread, so steps of different sessions interleave fairly and an abort
+on a single model thread (``model_thread``: below the server's CPU priority by
+``model_nice``), so steps of different sessions interleave fairly and an abort
 takes effect within one step. A warmup's chunks hold at most one image each, so a question
 that cancels a warmup (or a re-warm after an eviction) waits behind the frame being
 prefilled, never behind the whole window. Each session keeps a KV cache that is extended as
@@ -16,7 +17,6 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-import anyio
 import torch
 
 from server.engines.base import (
@@ -35,6 +35,7 @@ from server.engines.detokenizer import IncrementalDetokenizer
 from server.engines.hf_loading import load_model, load_processor, model_family, model_image_side
 from server.engines.growable_cache import new_cache
 from server.engines.kv_cache import CacheBudget, SessionCache
+from server.engines.model_thread import ModelThread
 from server.engines.prompt_encoding import Piece, PromptEncoder
 
 log = logging.getLogger("livesight.engines")
@@ -55,6 +56,7 @@ class TransformersEngine(Engine):
         prefill_chunk_tokens: int = 512,
         max_image_side: int = 1024,
         max_cached_images: int = 128,
+        model_nice: int = 0,
     ) -> None:
         self.max_cached_images = max_cached_images
         self.model_path = model_path
@@ -64,7 +66,7 @@ class TransformersEngine(Engine):
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.budget = CacheBudget(max_cached_tokens)
         self._max_image_side = max_image_side
-        self._model_thread = anyio.CapacityLimiter(1)
+        self._model_thread = ModelThread(nice=model_nice)
         self.model: Any = None
         self.encoder: PromptEncoder | None = None
         self._stop_ids: frozenset[int] = frozenset()
@@ -97,6 +99,7 @@ class TransformersEngine(Engine):
     async def close(self) -> None:
         self.budget.clear()
         self.model = None
+        self._model_thread.close()
 
     async def release(self, session_id: str) -> None:
         await self._run(self.budget.drop, session_id)
@@ -164,9 +167,9 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------------ model-thread jobs
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one model step on the worker thread. Cancellation waits for the step."""
+        """Run one model step on the model thread. Cancellation waits for the step."""
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self._model_thread)
+            return await self._model_thread.run(fn, *args)
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
             if self.model is None:
                 raise EngineError("engine is closed") from exc
