@@ -77,18 +77,22 @@ class FramePool:
             (self._heavy if heavy else self._light).append(job)
             self._start_workers()
             self._cond.notify()
-        timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        timer = None if deadline is None else loop.call_later(deadline - time.perf_counter(), self._expire, job)
         try:
-            await asyncio.wait([job.future], timeout=timeout)
-        except BaseException:  # cancelled
-            if not self._abandon(job):
-                await _wait_shielded(job.future)
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            if not job.future.done() and not self._abandon(job):
+                with anyio.CancelScope(shield=True):  # it runs: nothing outlives its caller
+                    await asyncio.wait([job.future])
             raise
-        if not job.future.done():
-            if self._abandon(job):
-                raise Overloaded
-            await _wait_shielded(job.future)  # it started just in time
-        return job.future.result()
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, job: _Job) -> None:
+        """The deadline passed: a job that has not started is not run."""
+        if not job.future.done() and self._abandon(job):
+            job.future.set_exception(Overloaded())
 
     def _abandon(self, job: _Job) -> bool:
         """Take a job that has not started out of the queue; False when it already runs."""
@@ -143,12 +147,6 @@ class FramePool:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-
-async def _wait_shielded(future: asyncio.Future[Any]) -> None:
-    """Wait for a job that runs: nothing outlives its caller, even a cancelled one."""
-    with anyio.CancelScope(shield=True):
-        await asyncio.wait([future])
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
