@@ -57,7 +57,7 @@ class Shot:
 
     seq: int
     key: str
-    image: Image.Image
+    image: np.ndarray  # as the server decodes it: H x W x 3 uint8 RGB
 
 
 def make_shots(count: int) -> list[Shot]:
@@ -66,7 +66,7 @@ def make_shots(count: int) -> list[Shot]:
     for index in range(count):
         rng = np.random.default_rng(index)
         small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
-        image = Image.fromarray(small).resize(SIZES[index % 2], Image.BILINEAR)
+        image = np.array(Image.fromarray(small).resize(SIZES[index % 2], Image.BILINEAR))
         shots.append(Shot(index, content_key(image.tobytes()), image))
     return shots
 
@@ -115,7 +115,8 @@ class Reference:
                     content.append({"type": "text", "text": segment.text})
                 elif isinstance(segment, ImageSegment):
                     content.append({"type": "image"})
-                    images.append(segment.image)
+                    # A Pillow image: the engine's numpy frames must encode as these do.
+                    images.append(Image.fromarray(segment.image))
             messages.append({"role": turn.role, "content": content})
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not images:
