@@ -4,11 +4,11 @@
 thread pool, off the event loop) and returns the pixels as a numpy array (H x W x 3, uint8,
 RGB, owning its memory), decoded at most at the size the model will use.
 
-A JPEG decodes with libjpeg-turbo's TurboJPEG API straight into the array (``simplejpeg``:
-0.87 ms for a 640x480 frame against Pillow's 1.40 ms, and no unpacking from Pillow's 4 bytes
-a pixel); one much larger than ``max_side`` is decoded at 1/2, 1/4 or 1/8 scale, the scales
-libjpeg-turbo does with SIMD (its odd scales, like 7/8, cost more than a full decode), which
-costs a fraction of a full decode. Pillow decodes PNG, WebP, CMYK JPEG, a JPEG whose EXIF
+A JPEG decodes with libjpeg-turbo's TurboJPEG API straight into the array (``simplejpeg``;
+a 640x480 footage frame: 0.75-0.9 ms against 1.0-1.4 ms for Pillow's load, which also
+stores 4 bytes a pixel, then ~0.45 ms more to make an array of it); one at least twice
+``max_side`` is decoded at 1/2, 1/4 or 1/8 scale, the scales libjpeg-turbo does with SIMD
+(its odd scales, like 7/8, cost more than a full decode). Pillow decodes PNG, WebP, CMYK JPEG, a JPEG whose EXIF
 orientation turns it, and any JPEG libjpeg-turbo warns about (Pillow decides whether it is
 readable, and refuses a truncated one).
 
