@@ -611,3 +611,21 @@ async def test_usage_splits_prompt_into_image_audio_and_text_tokens(rig: Rig) ->
     assert answer.usage.image_tokens + answer.usage.audio_tokens < answer.usage.prompt_tokens == len(ids)
     plain = await ask(rig.engine, "split", prompt_for(FRAMES[:3], words))
     assert plain.usage.audio_tokens == 0 and plain.usage.image_tokens == answer.usage.image_tokens
+
+
+@pytest.mark.parametrize("shape", [(240, 320), (3, 60), (1, 20)])
+async def test_numpy_frames_encode_as_pillow_images(rig: Rig, shape: tuple[int, int]) -> None:
+    """A decoded frame (numpy, H x W x 3) gets the processor's tokens and pixels of the same
+    picture as a Pillow image, even 1 or 3 pixels tall (processors guess an array's layout)."""
+    pixels = np.random.default_rng(7).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    encoder = rig.engine.encoder
+    piece = encoder.image_piece(ImageSegment(content_key(pixels.tobytes()), pixels))
+    picture = Image.fromarray(pixels)
+    expected = rig.reference.processor(
+        text=[encoder.family.processor_text],
+        images=[picture] if encoder.family.mrope else [[picture]],
+        return_tensors="pt",
+        add_special_tokens=False,
+    )
+    assert list(piece.ids) == expected["input_ids"][0].tolist()
+    assert torch.equal(encoder.pixel_inputs(piece)["pixel_values"], expected["pixel_values"])
