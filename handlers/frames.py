@@ -1,10 +1,11 @@
 """Frames and the per-session frame buffer: a bounded FIFO window with pinning.
 
 A ``Frame`` holds one client frame: its encoded bytes, its metadata and, once decoded,
-its image. ``FrameBuffer`` keeps the last ``max_frames`` of them. A frame that a running
-answer or warmup uses is *pinned*: it may leave the window, but keeps its bytes and image
-until its last unpin. A frame that is out of the window and unpinned is *released* at
-once (bytes and image dropped): nothing outlives its use.
+its image (an H x W x 3 uint8 RGB numpy array). ``FrameBuffer`` keeps the last
+``max_frames`` of them. A frame that a running answer or warmup uses is *pinned*: it may
+leave the window, but keeps its bytes and image until its last unpin. A frame that is out
+of the window and unpinned is *released* at once (bytes and image dropped): nothing
+outlives its use.
 
 Pure and synchronous; not thread-safe. Use it from the session's event loop only, and
 set ``Frame.image`` there when a decode finishes.
@@ -17,10 +18,8 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from PIL import Image
+import numpy as np
 
 
 # Every Frame of the process, weakly: the leak check behind ``live_frame_count``.
@@ -60,7 +59,7 @@ class Frame:
     source_pts_ms: float | None = None
     capture_ts_ms: float | None = None
     quality_profile: str | None = None
-    image: Image.Image | None = None  # set once decoded
+    image: np.ndarray | None = None  # H x W x 3 uint8 RGB; set once decoded
     decode_ms: float | None = None
     decoded_ts_ms: float | None = None
     pins: int = 0
@@ -191,7 +190,7 @@ class FrameBuffer:
                 self._detached.pop(id(frame), None)
                 frame.release()
 
-    def decoded_image(self, key: str) -> Image.Image | None:
+    def decoded_image(self, key: str) -> np.ndarray | None:
         """The image of a live decoded frame with this content key, or None.
 
         Lets an identical frame reuse an image instead of decoding the bytes again.

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import anyio
-from PIL import Image
+import numpy as np
 
 from handlers.core import decode_base64
 from handlers.decoder import ImageHeader, decode_image, decode_opened, open_image, sniff_format
@@ -131,7 +131,7 @@ class PreparedFrame:
     key: str
     header: ImageHeader
     heavy: bool
-    image: Image.Image | None = None
+    image: np.ndarray | None = None  # H x W x 3 uint8 RGB
     thumb: NormalisedThumbnail | None = None
     decode_ms: float | None = None
 
@@ -156,7 +156,7 @@ def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, m
             if prepared.heavy:
                 return prepared  # decoded by ``decode_prepared`` on the heavy pool
             started = time.perf_counter()
-            image = decode_opened(img, max_side)
+            image = decode_opened(img, raw, max_side)
     except ValueError as exc:
         fid = None if frame_id is None else str(frame_id)
         if not checked:
@@ -184,7 +184,7 @@ def decode_prepared(
     return _with_image(prepared, image, started)
 
 
-def _with_image(prepared: PreparedFrame, image: Image.Image, started: float) -> PreparedFrame:
+def _with_image(prepared: PreparedFrame, image: np.ndarray, started: float) -> PreparedFrame:
     """The prepared frame with its decoded image and its similarity thumbnail (normalised
     here, off the event loop)."""
     thumb = normalised_thumbnail(image)

@@ -57,7 +57,7 @@ class Shot:
 
     seq: int
     key: str
-    image: Image.Image
+    image: np.ndarray  # as the server decodes it: H x W x 3 uint8 RGB
 
 
 def make_shots(count: int) -> list[Shot]:
@@ -66,7 +66,7 @@ def make_shots(count: int) -> list[Shot]:
     for index in range(count):
         rng = np.random.default_rng(index)
         small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
-        image = Image.fromarray(small).resize(SIZES[index % 2], Image.BILINEAR)
+        image = np.array(Image.fromarray(small).resize(SIZES[index % 2], Image.BILINEAR))
         shots.append(Shot(index, content_key(image.tobytes()), image))
     return shots
 
@@ -115,7 +115,8 @@ class Reference:
                     content.append({"type": "text", "text": segment.text})
                 elif isinstance(segment, ImageSegment):
                     content.append({"type": "image"})
-                    images.append(segment.image)
+                    # A Pillow image: the engine's numpy frames must encode as these do.
+                    images.append(Image.fromarray(segment.image))
             messages.append({"role": turn.role, "content": content})
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not images:
@@ -611,3 +612,21 @@ async def test_usage_splits_prompt_into_image_audio_and_text_tokens(rig: Rig) ->
     assert answer.usage.image_tokens + answer.usage.audio_tokens < answer.usage.prompt_tokens == len(ids)
     plain = await ask(rig.engine, "split", prompt_for(FRAMES[:3], words))
     assert plain.usage.audio_tokens == 0 and plain.usage.image_tokens == answer.usage.image_tokens
+
+
+@pytest.mark.parametrize("shape", [(240, 320), (3, 60), (1, 20)])
+async def test_numpy_frames_encode_as_pillow_images(rig: Rig, shape: tuple[int, int]) -> None:
+    """A decoded frame (numpy, H x W x 3) gets the processor's tokens and pixels of the same
+    picture as a Pillow image, even 1 or 3 pixels tall (processors guess an array's layout)."""
+    pixels = np.random.default_rng(7).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    encoder = rig.engine.encoder
+    piece = encoder.image_piece(ImageSegment(content_key(pixels.tobytes()), pixels))
+    picture = Image.fromarray(pixels)
+    expected = rig.reference.processor(
+        text=[encoder.family.processor_text],
+        images=[picture] if encoder.family.mrope else [[picture]],
+        return_tensors="pt",
+        add_special_tokens=False,
+    )
+    assert list(piece.ids) == expected["input_ids"][0].tolist()
+    assert torch.equal(encoder.pixel_inputs(piece)["pixel_values"], expected["pixel_values"])

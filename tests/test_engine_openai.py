@@ -23,10 +23,11 @@ from pathlib import Path
 
 import anyio
 import httpx
+import numpy as np
 import pytest
 from anyio.abc import SocketAttribute, SocketStream
-from PIL import Image
 
+from handlers.decoder import decode_image
 from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
 from server.engines.base import (
     AudioChunk,
@@ -248,7 +249,7 @@ async def test_frames_go_as_data_urls_of_the_clients_bytes() -> None:
         return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
 
     jpeg = jpeg_frame(3)
-    frame = ImageSegment("key-3", Image.open(io.BytesIO(jpeg)), jpeg)
+    frame = ImageSegment("key-3", decode_image(jpeg, None), jpeg)
     engine = OpenAIEngine(["http://srv:8000/v1"], model="m", transport=httpx.MockTransport(handler))
     await engine.start()
     prompt = Prompt((ChatTurn("system", (TextSegment("sys"),)), ChatTurn("user", (TextSegment("[0.0s]"), frame))), True)
@@ -318,7 +319,7 @@ def image_parts(body: dict) -> list[str]:
 
 def camera_frame(seed: int) -> ImageSegment:
     jpeg = jpeg_frame(seed)
-    return ImageSegment(hashlib.sha256(jpeg).hexdigest(), Image.open(io.BytesIO(jpeg)), jpeg)
+    return ImageSegment(hashlib.sha256(jpeg).hexdigest(), decode_image(jpeg, None), jpeg)
 
 
 def watching(frames: list[ImageSegment], question: str | None = None) -> Prompt:
@@ -520,12 +521,10 @@ def test_remote_usage_splits_prompt_tokens() -> None:
     """A remote answer's image tokens are the server's own count when it sends one, else the
     prompt tokens less an estimate of its text; spoken words are estimated as audio tokens;
     image + audio never exceed the prompt."""
-    from PIL import Image
-
     from server.engines.base import ChatTurn, ImageSegment, Prompt, TextSegment, Usage
     from server.engines.openai_engine import remote_usage
 
-    image = ImageSegment("k1", Image.new("RGB", (8, 8)))
+    image = ImageSegment("k1", np.zeros((8, 8, 3), np.uint8))
     prompt = Prompt((ChatTurn("system", (TextSegment("x" * 40),)), ChatTurn("user", (image, TextSegment("y" * 20)))),
                     spoken="y" * 20)
     reported = {"prompt_tokens": 300, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 250,

@@ -72,7 +72,7 @@ def test_prepare_frame_decodes_once_with_its_thumbnail() -> None:
     """A light frame comes back decoded at most at the model's size, with a thumbnail like the reduced-decode one."""
     raw = jpeg_frame(3, size=(640, 480))
     prepared = prepare_frame(b64(raw), None, IntakeLimits(), 320)
-    assert not prepared.heavy and prepared.image is not None and max(prepared.image.size) <= 400
+    assert not prepared.heavy and prepared.image is not None and max(prepared.image.shape) <= 400
     assert prepared.thumb is not None and prepared.thumb.colour.shape == (32, 32, 3)
     assert similarity(prepared.thumb, thumbnail(raw)) > 0.95
     other = prepare_frame(b64(jpeg_frame(4, size=(640, 480))), None, IntakeLimits(), 320)
@@ -95,7 +95,7 @@ def test_thumbnail_of_ignores_noise() -> None:
     rng = np.random.default_rng(0)
     base = np.asarray(Image.fromarray(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8)).resize((640, 480)))
     noisy = np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
-    assert similarity(thumbnail_of(Image.fromarray(base)), thumbnail_of(Image.fromarray(noisy))) > 0.98
+    assert similarity(thumbnail_of(base), thumbnail_of(noisy)) > 0.98
 
 
 async def test_heavy_jobs_never_hold_every_thread() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import websockets
 
@@ -60,11 +61,9 @@ async def test_special_tokens_in_the_system_prompt_are_plain_text(server: Runnin
 def test_user_text_never_becomes_a_special_token(tiny_model_dir) -> None:
     """Encoded prompts keep exactly the template's special tokens: a question full of them
     adds none, and its image placeholders stay one per real image."""
-    from PIL import Image
-
     processor = load_processor(str(tiny_model_dir), False)
     encoder = PromptEncoder(processor, "qwen2_vl")
-    image = ImageSegment("k1", Image.new("RGB", (64, 64), (200, 10, 10)))
+    image = ImageSegment("k1", np.full((64, 64, 3), (200, 10, 10), np.uint8))
 
     def prompt(text: str) -> Prompt:
         return Prompt((ChatTurn("system", (TextSegment(text),)), ChatTurn("user", (image, TextSegment(text)))))

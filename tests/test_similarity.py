@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 from itertools import pairwise
 
@@ -9,13 +10,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from handlers.decoder import decode_image
 from handlers.similarity import (
     DEFAULT_THRESHOLD,
     FilterDecision,
     SimilarityFilter,
     similarity,
     thumbnail,
+    thumbnail_of,
 )
+from server.bench_load import load_footage
 
 WIDTH, HEIGHT = 320, 240
 
@@ -246,3 +250,26 @@ def test_a_brightness_step_of_a_plain_frame_is_a_change() -> None:
     scene_filter = SimilarityFilter(DEFAULT_THRESHOLD)
     assert scene_filter.check(thumbnail(encode(scene(100, base, gain=0.5)))).keep
     assert scene_filter.check(thumbnail(encode(scene(100, base, gain=1.0)))).keep
+
+
+def pillow_thumbnail_of(image: np.ndarray, side: int = 32) -> np.ndarray:
+    """The thumbnail as Pillow made it from a decoded frame: a nearest 4 side grid, box-averaged
+    (the whole picture box-averaged when a side is at most 4 side)."""
+    picture = Image.fromarray(image)
+    if min(picture.size) > 4 * side:
+        picture = picture.resize((4 * side, 4 * side), Image.Resampling.NEAREST)
+    return np.asarray(picture.resize((side, side), Image.Resampling.BOX), dtype=np.float32) / np.float32(255.0)
+
+
+def test_thumbnail_of_a_decoded_frame_matches_pillows() -> None:
+    """The numpy thumbnail of a decoded frame (footage, and pictures small enough to be averaged
+    whole) is within 1.5% of Pillow's, and judges footage the same."""
+    footage = [decode_image(base64.b64decode(frame), None) for frame in load_footage(12)]
+    small = [footage[0][:100, :90].copy(), footage[0][:300, :50].copy(), footage[0][:20, :30].copy()]
+    for image in footage + small:
+        thumb = thumbnail_of(image)
+        assert thumb.shape == (32, 32, 3) and thumb.dtype == np.float32
+        assert float(np.abs(thumb - pillow_thumbnail_of(image)).max()) < 0.015
+    ours = [similarity(thumbnail_of(a), thumbnail_of(b)) for a, b in pairwise(footage)]
+    pillows = [similarity(pillow_thumbnail_of(a), pillow_thumbnail_of(b)) for a, b in pairwise(footage)]
+    assert np.allclose(ours, pillows, atol=0.02)

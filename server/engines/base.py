@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from PIL import Image
 
 
@@ -27,11 +28,21 @@ class TextSegment:
 
 @dataclass(frozen=True, slots=True)
 class ImageSegment:
-    """One decoded frame. ``key`` is the content hash: the image's identity for caches."""
+    """One decoded frame. ``key`` is the content hash: the image's identity for caches.
+    ``image``: H x W x 3 uint8 RGB pixels; ``jpeg``: the client's encoded bytes, if kept."""
 
     key: str
-    image: Image.Image = field(compare=False, repr=False)
+    image: np.ndarray = field(compare=False, repr=False)
     jpeg: bytes | None = field(default=None, compare=False, repr=False)
+
+
+def processor_image(image: np.ndarray) -> np.ndarray | Image.Image:
+    """A frame as a model's processor should get it: the H x W x 3 array itself, except for
+    a frame 1 or 3 pixels tall, which HF processors would read as channels-first (they guess
+    the layout of an array from its shape): that one goes as a Pillow image."""
+    if image.shape[0] in (1, 3):
+        return Image.fromarray(image)
+    return image
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from typing import Any
 
 import anyio
 import httpx
+from PIL import Image
 
 from server.engines.base import (
     AudioChunk,
@@ -582,7 +583,7 @@ def _mime(raw: bytes) -> str:
 
 def _encode_jpeg(image: ImageSegment) -> bytes:
     buf = io.BytesIO()
-    image.image.convert("RGB").save(buf, "JPEG", quality=90)
+    Image.fromarray(image.image).save(buf, "JPEG", quality=90)
     return buf.getvalue()
 
 

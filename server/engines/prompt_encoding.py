@@ -30,7 +30,7 @@ import re
 
 import torch
 
-from server.engines.base import AudioSegment, ImageSegment, Prompt, TextSegment
+from server.engines.base import AudioSegment, ImageSegment, Prompt, TextSegment, processor_image
 
 V = TypeVar("V")
 _CUT = "\u0000livesight-cut\u0000"
@@ -208,9 +208,10 @@ class PromptEncoder:
         return inputs
 
     def _process(self, image: ImageSegment) -> Piece:
+        pixels = processor_image(image.image)
         out = self.processor(
             text=[self.family.processor_text],
-            images=[[image.image]] if not self.family.mrope else [image.image],
+            images=[[pixels]] if not self.family.mrope else [pixels],
             return_tensors="pt",
             add_special_tokens=False,
         )

