@@ -59,6 +59,7 @@ class FramePool:
         self._light: deque[_Job] = deque()
         self._heavy: deque[_Job] = deque()
         self._heavy_running = 0
+        self._running = 0
         self._order = itertools.count()
         self._workers: list[threading.Thread] = []
         self._closed = False
@@ -117,6 +118,7 @@ class FramePool:
         if job is not None:
             (self._heavy if job.heavy else self._light).popleft()
             job.state = _RUNNING
+            self._running += 1
             self._heavy_running += job.heavy
         return job
 
@@ -133,14 +135,19 @@ class FramePool:
                 result, error = job.fn(*job.args), None
             except BaseException as exc:  # handed to the caller, who decides
                 result, error = None, exc
-            if job.heavy:
-                with self._cond:
+            with self._cond:
+                self._running -= 1
+                if job.heavy:
                     self._heavy_running -= 1
                     self._cond.notify()
             try:
                 job.loop.call_soon_threadsafe(_settle, job.future, result, error)
             except RuntimeError:
                 pass  # the caller's loop is closed: nobody waits for this job
+
+    def busy(self) -> bool:
+        """Whether a job is queued or running (read without the lock: a hint)."""
+        return bool(self._running or self._light or self._heavy)
 
     def close(self) -> None:
         """Let the threads end once the queue is empty."""
@@ -176,6 +183,11 @@ async def run_fair(fn: Callable[..., T], *args: object, deadline: float | None =
     """Run ``fn(*args)`` on the frame pool (``FramePool.run``), taking turns with other
     callers (FIFO)."""
     return await _pool.run(fn, *args, deadline=deadline, heavy=heavy)
+
+
+def frames_busy() -> bool:
+    """Whether the frame pool has a job queued or running (a hint, read without a lock)."""
+    return _pool.busy()
 
 
 def _default_limiter() -> anyio.CapacityLimiter:

@@ -405,7 +405,7 @@ class Session:
     async def _on_frame(self, event: VideoFrame, received: float) -> None:
         """Check, decode once (off the loop, taking turns with other sessions), filter, ack."""
         self.core.check_frame_size(event)
-        receive_ms = now_ms()
+        receive_ms = now_ms() - (time.perf_counter() - received) * 1000  # when it was read, not dequeued
         side = self.core.capabilities.max_image_side
         deadline = received + self.intake.intake_max_wait_ms / 1000
         try:

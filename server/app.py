@@ -135,6 +135,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             async with anyio.create_task_group() as tg:
                 if settings.resume_grace_s > 0:
                     tg.start_soon(sweep_parked)
+                tg.start_soon(metrics.watch_event_loop)
                 yield
                 tg.cancel_scope.cancel()
         finally:
@@ -178,6 +179,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "sessions_parked": len(parking),
                 "frames_live": live_frame_count(),
                 "tasks": len(asyncio.all_tasks()),
+                "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
                 "engine": getattr(app.state.engine, "stats", lambda: {})(),
             }
         )

@@ -68,6 +68,8 @@ class Tally:
     ack_ms: list[float] = field(default_factory=list)
     accepted_ms: list[float] = field(default_factory=list)
     shed_ms: list[float] = field(default_factory=list)
+    #: Of each ack's latency: client send -> the server reads the frame (wall clocks of one machine)
+    to_intake_ms: list[float] = field(default_factory=list)
     sent: int = 0
     acked: int = 0
     accepted: int = 0
@@ -86,6 +88,7 @@ async def _session(
     tally: Tally, probe: bool,
 ) -> None:
     pending: dict[str, float] = {}
+    sent_wall: dict[str, float] = {}
     asked: deque[float] = deque()  # when each question not yet started was sent (answered in order)
     first_output: dict[str, float] = {}  # request_id -> when its question was sent, until its first output
     questions = [0, 0]  # asked, answered (response.done)
@@ -105,9 +108,11 @@ async def _session(
                     event = (await conn.receive()).event
                     if isinstance(event, FrameAck):
                         sent = pending.pop(str(event.frame_id), None)
-                        if sent is not None:
+                        wall = sent_wall.pop(str(event.frame_id), None)
+                        if sent is not None and wall is not None:
                             latency = (time.perf_counter() - sent) * 1000
                             tally.ack_ms.append(latency)
+                            tally.to_intake_ms.append(event.server_receive_ts_ms - wall * 1000)
                             tally.acked += 1
                             if event.accepted:
                                 tally.accepted += 1
@@ -159,6 +164,7 @@ async def _session(
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             frame_id = f"{index}-{n}"
             pending[frame_id] = time.perf_counter()
+            sent_wall[frame_id] = time.time()
             tally.sent += 1
             await conn.send_frame(frames[(index * 7 + n) % len(frames)], frame_id=frame_id, pts_ms=n * 1000 / fps)
             n += 1
@@ -272,8 +278,10 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         cpu0 = _process_cpu_s(proc.pid)
+        httpx.get(base + "/metrics.json", timeout=10)  # starts the event loop's worst-lag window
         tally, client_cpu = _run_clients(url, frames, sessions, fps, seconds, ask_every_s, clients)
         cpu = _process_cpu_s(proc.pid) - cpu0
+        loop_lag_ms = httpx.get(base + "/metrics.json", timeout=10).json()["event_loop_lag_max_ms"]
         deadline = time.monotonic() + 30
         while httpx.get(base + "/metrics.json", timeout=10).json()["sessions"] and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -292,7 +300,9 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"ack latency p50 {_percentile(tally.ack_ms, 0.5):.1f} ms, p99 {_percentile(tally.ack_ms, 0.99):.1f} ms, "
             f"max {max(tally.ack_ms, default=float('nan')):.1f} ms; accepted p50/p99 "
             f"{_percentile(tally.accepted_ms, 0.5):.1f}/{_percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
-            f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms",
+            f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms; of which client send "
+            f"-> server reads the frame p50/p99 {_percentile(tally.to_intake_ms, 0.5):.1f}/"
+            f"{_percentile(tally.to_intake_ms, 0.99):.1f} ms; server event loop's worst lag {loop_lag_ms:.1f} ms",
             f"server CPU {1000 * cpu / max(tally.sent, 1):.2f} ms per frame sent "
             f"({cpu:.1f} s CPU; includes answers and the probe); load generator ({clients} processes) "
             f"{1000 * client_cpu / max(tally.sent, 1):.2f} ms per frame; load average {os.getloadavg()[0]:.1f}",

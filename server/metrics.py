@@ -14,6 +14,7 @@ import struct
 import time
 from collections.abc import Callable
 
+import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from handlers.errors import ErrorCode
@@ -38,6 +39,8 @@ FRAME_ERRORS = frozenset({ErrorCode.INVALID_IMAGE.value, ErrorCode.FRAME_TOO_LAR
 MIC_BYTES_PER_S = 16_000 * 2  # PCM16 mono at 16 kHz (protocol v1)
 
 ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: How often the event loop's lag is sampled (``Metrics.watch_event_loop``).
+LOOP_WATCH_PERIOD_S = 0.02
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -59,6 +62,13 @@ class Metrics:
             "livesight_ttft_seconds", "From a question to the answer's first output (response.done timings.ttft_ms)",
             buckets=TTFT_BUCKETS, registry=r,
         )
+        self.loop_lag = Histogram(
+            "livesight_event_loop_lag_seconds",
+            f"How late the event loop ran a timer due every {LOOP_WATCH_PERIOD_S * 1000:g} ms",
+            buckets=ACK_BUCKETS, registry=r,
+        )
+        #: The worst event-loop lag since /metrics.json was last read, in seconds.
+        self.loop_lag_max_s = 0.0
         self.answers = Counter("livesight_answers", "Answers ended, by response.done status", ["status"], registry=r)
         self.errors = Counter("livesight_errors", "error events sent to clients, by code", ["code"], registry=r)
         self.prompt_tokens = Counter("livesight_prompt_tokens", "Prompt tokens of answers (usage)", registry=r)
@@ -82,6 +92,21 @@ class Metrics:
             self.answers.labels(status)
         for code in ErrorCode:
             self.errors.labels(code.value)
+
+    async def watch_event_loop(self) -> None:
+        """Forever: time a short sleep; whatever it overran is time the event loop could not
+        read a socket or send an ack (a blocking call, or the GIL held elsewhere)."""
+        while True:
+            started = time.perf_counter()
+            await anyio.sleep(LOOP_WATCH_PERIOD_S)
+            lag = max(0.0, time.perf_counter() - started - LOOP_WATCH_PERIOD_S)
+            self.loop_lag.observe(lag)
+            self.loop_lag_max_s = max(self.loop_lag_max_s, lag)
+
+    def take_loop_lag_max(self) -> float:
+        """The worst event-loop lag since the previous call, in seconds."""
+        worst, self.loop_lag_max_s = self.loop_lag_max_s, 0.0
+        return worst
 
     def session_observer(self, protocol: str) -> SessionMetrics:
         """An observer for one new session speaking ``protocol``."""

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
         1024, ge=32, description="frames are decoded at most this large (the model may ask for less)"
     )
     decode_threads: int = Field(2, ge=1, le=64, description="threads for image decoding (whole server)")
+    model_yield_ms: float = Field(
+        20.0, ge=0, le=1000, description="before each model step, the embedded engine waits while frames are "
+        "being decoded, up to this long (0: never), so intake comes first on a full CPU"
+    )
     model_nice: int = Field(
         10, ge=0, le=19, description="the embedded engine's model thread runs this many nice steps below the "
         "server (Linux), so intake and acks come first when the cores are full"

@@ -21,6 +21,7 @@ FAMILIES = {
     "livesight_frames": "counter",
     "livesight_ack_latency_seconds": "histogram",
     "livesight_ttft_seconds": "histogram",
+    "livesight_event_loop_lag_seconds": "histogram",
     "livesight_answers": "counter",
     "livesight_errors": "counter",
     "livesight_prompt_tokens": "counter",

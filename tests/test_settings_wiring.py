@@ -42,11 +42,13 @@ def test_max_cached_images_reaches_the_engine(tiny_model_dir: Path) -> None:
         anyio.run(engine.close)
 
 
-def test_model_nice_reaches_the_model_thread(tiny_model_dir: Path) -> None:
-    """model_nice lowers the priority of the model thread and of the threads torch starts from it."""
+def test_model_nice_reaches_the_models_workers(tiny_model_dir: Path) -> None:
+    """model_yield_ms bounds how long a model step gives way to intake; model_nice lowers the priority of the threads torch computes on, not of the model
+    thread itself (it holds the GIL) nor of the rest of the server."""
     import os
 
     import anyio
+    import torch
 
     from server.engines import create_engine
     from server.engines.base import ChatTurn, Prompt, TextSegment
@@ -54,7 +56,21 @@ def test_model_nice_reaches_the_model_thread(tiny_model_dir: Path) -> None:
     base = os.getpriority(os.PRIO_PROCESS, 0)
     if base + 7 > 19:
         pytest.fail("the test process already runs at nice %d" % base)
-    engine = create_engine(Settings(model=str(tiny_model_dir), model_nice=7))
+
+    def niced() -> set[int]:
+        found = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, int(tid)) == base + 7:
+                    found.add(int(tid))
+            except OSError:
+                continue  # the thread ended
+        return found
+
+    before = niced()
+    engine = create_engine(Settings(model=str(tiny_model_dir), model_nice=7, model_yield_ms=35))
+    assert engine._model_thread.max_yield_s == pytest.approx(0.035)
+    assert engine._model_thread.yield_to is not None
 
     async def use() -> None:
         await engine.start()
@@ -63,8 +79,11 @@ def test_model_nice_reaches_the_model_thread(tiny_model_dir: Path) -> None:
     anyio.run(use)
     try:
         thread = engine._model_thread.native_id
-        assert thread is not None and os.getpriority(os.PRIO_PROCESS, thread) == base + 7
-        assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the rest of the server is untouched
+        assert thread is not None and os.getpriority(os.PRIO_PROCESS, thread) == base
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base
+        assert engine._model_thread.workers_nice == base + 7
+        workers = niced() - before
+        assert len(workers) >= min(1, torch.get_num_threads() - 1)
     finally:
         anyio.run(engine.close)
 

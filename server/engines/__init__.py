@@ -42,6 +42,7 @@ def create_engine(settings: Settings) -> Engine:
             max_warmups_per_s=settings.max_warmups_per_s,
         )
 
+    from handlers import blocking
     from server.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine(
@@ -53,6 +54,8 @@ def create_engine(settings: Settings) -> Engine:
         max_image_side=settings.max_image_side,
         max_cached_images=settings.max_cached_images,
         model_nice=settings.model_nice,
+        yield_to=blocking.frames_busy,
+        max_yield_ms=settings.model_yield_ms,
     )
 
 

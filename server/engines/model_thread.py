@@ -1,12 +1,17 @@
-"""One dedicated OS thread for an engine's model work, at a lower CPU priority.
+"""One dedicated OS thread for an engine's model work, whose compute threads run at a
+lower CPU priority.
 
 On a machine with few cores the model would otherwise take the cores that intake needs:
-with a hundred sessions streaming, warmups and answers keep the model busy all the time,
-and every frame's decode and ack waits for a core behind it. The model thread lowers its
-own scheduling priority (Linux: ``nice`` is per thread) before it does anything, so the
-threads torch starts from it for its parallel work (OpenMP) are created at that priority
-too. Intake, the event loop and the speech workers then come first; the model gets every
-cycle they leave, so answers slow down under load instead of acks.
+with a hundred sessions streaming, answers keep the model busy, and every frame's decode
+and ack waits for a core behind it. Linux's ``nice`` is per thread and a new thread
+inherits its creator's, so the model thread lowers its own priority, starts torch's
+parallel workers (OpenMP) with ``start_workers``, then takes its own priority back. The
+workers, which do most of the arithmetic and never hold the GIL, run below intake, the
+event loop and the speech workers; the model thread itself, which runs Python (and so
+holds the GIL), stays at the server's priority: a thread that holds the GIL and waits for
+a core would stall every other thread of the server (measured: 5-60 ms garbage collections
+run by a low-priority thread, and event-loop stalls of up to 85 ms). Where the model
+thread may not take its priority back (no CAP_SYS_NICE), it does not lower it at all.
 
 Jobs run one at a time, in the order they were given. A caller that is cancelled while its
 job runs waits for the job to finish (a model step cannot be stopped half-way), then the
@@ -20,6 +25,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -30,31 +36,69 @@ log = logging.getLogger("livesight.engines")
 T = TypeVar("T")
 
 _STOP = object()
+#: How often a yielding model thread looks again.
+YIELD_POLL_S = 0.0005
 
 
-def lower_priority(nice: int) -> int:
-    """Raise the calling thread's nice value by ``nice`` (Linux: per thread); returns the
-    thread's nice value after. Where that cannot be done, logs it and changes nothing."""
+def start_low_priority_workers(nice: int, start_workers: Callable[[], object]) -> int:
+    """In the calling thread: run ``start_workers`` (which creates the threads to lower) at
+    ``nice`` steps below this thread's priority, then take this thread's priority back.
+    Returns the workers' nice value, or this thread's when nothing was lowered (``nice`` 0,
+    not Linux, or no permission to take the priority back)."""
+    tid = threading.get_native_id()
+    base = os.getpriority(os.PRIO_PROCESS, tid)
     if nice <= 0:
-        return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
+        start_workers()
+        return base
+    if not _may_raise_priority():
+        log.warning("model_nice ignored: this process may not raise a thread's priority back (CAP_SYS_NICE)")
+        start_workers()
+        return base
+    lowered = min(19, base + nice)
+    os.setpriority(os.PRIO_PROCESS, tid, lowered)
     try:
+        start_workers()
+    finally:
+        os.setpriority(os.PRIO_PROCESS, tid, base)
+    return lowered
+
+
+def _may_raise_priority() -> bool:
+    """Whether a thread of this process may lower its nice value again (tried on a
+    throwaway thread, so no thread that matters can be left behind at a low priority)."""
+    allowed: list[bool] = []
+
+    def probe() -> None:
         tid = threading.get_native_id()
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
-        return os.getpriority(os.PRIO_PROCESS, tid)
-    except (AttributeError, OSError) as exc:
-        log.warning("cannot lower the model thread's priority: %s", exc)
-        return 0
+        try:
+            base = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, base + 1))
+            os.setpriority(os.PRIO_PROCESS, tid, base)
+            allowed.append(True)
+        except OSError:
+            allowed.append(False)
+
+    thread = threading.Thread(target=probe, name="livesight-nice-probe")
+    thread.start()
+    thread.join()
+    return allowed == [True]
 
 
 class ModelThread:
-    """A single worker thread that runs an engine's jobs in order, ``nice`` steps below
-    the rest of the server."""
+    """A single thread that runs an engine's jobs in order; ``start_workers`` (run first, on
+    this thread) starts the compute threads, which run ``nice`` steps below the server."""
 
-    def __init__(self, name: str = "livesight-model", nice: int = 0) -> None:
+    def __init__(
+        self, name: str = "livesight-model", nice: int = 0, start_workers: Callable[[], object] = lambda: None,
+        yield_to: Callable[[], bool] | None = None, max_yield_s: float = 0.0,
+    ) -> None:
         self.name = name
+        self.yield_to = yield_to
+        self.max_yield_s = max_yield_s
         self.nice = nice
+        self.start_workers = start_workers
         self.native_id: int | None = None
+        self.workers_nice: int | None = None  # the compute threads' nice value, once started
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -65,18 +109,31 @@ class ModelThread:
 
     def _work(self) -> None:
         self.native_id = threading.get_native_id()
-        lower_priority(self.nice)
+        try:
+            self.workers_nice = start_low_priority_workers(self.nice, self.start_workers)
+        except Exception:  # the jobs still run; only the priorities are as they were
+            log.exception("starting the model's workers failed")
         while True:
             job = self._jobs.get()
             if job is _STOP:
                 return
             fn, args, loop, future = job
+            self._give_way()
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the caller, who decides
                 _settle_soon(loop, future, None, exc)
             else:
                 _settle_soon(loop, future, result, None)
+
+    def _give_way(self) -> None:
+        """Before a step: while ``yield_to`` says other work is waiting (frames being
+        decoded), wait, up to ``max_yield_s``, holding neither a core nor the GIL."""
+        if self.yield_to is None or self.max_yield_s <= 0:
+            return
+        until = time.monotonic() + self.max_yield_s
+        while self.yield_to() and time.monotonic() < until:
+            time.sleep(YIELD_POLL_S)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the model thread; returns its result, re-raises its exception.

@@ -1,8 +1,8 @@
 """The embedded engine: an image-text model run with transformers, on CPU or GPU.
 
 Every model step (preprocessing a new image, a prefill chunk, one decoding step) is one job
-on a single model thread (``model_thread``: below the server's CPU priority by
-``model_nice``), so steps of different sessions interleave fairly and an abort
+on a single model thread (``model_thread``: torch's parallel workers run ``model_nice``
+steps below the server's CPU priority), so steps of different sessions interleave fairly and an abort
 takes effect within one step. A warmup's chunks hold at most one image each, so a question
 that cancels a warmup (or a re-warm after an eviction) waits behind the frame being
 prefilled, never behind the whole window. Each session keeps a KV cache that is extended as
@@ -57,6 +57,8 @@ class TransformersEngine(Engine):
         max_image_side: int = 1024,
         max_cached_images: int = 128,
         model_nice: int = 0,
+        yield_to: Callable[[], bool] | None = None,
+        max_yield_ms: float = 0.0,
     ) -> None:
         self.max_cached_images = max_cached_images
         self.model_path = model_path
@@ -66,7 +68,9 @@ class TransformersEngine(Engine):
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.budget = CacheBudget(max_cached_tokens)
         self._max_image_side = max_image_side
-        self._model_thread = ModelThread(nice=model_nice)
+        self._model_thread = ModelThread(
+            nice=model_nice, start_workers=_start_parallel_workers, yield_to=yield_to, max_yield_s=max_yield_ms / 1000
+        )
         self.model: Any = None
         self.encoder: PromptEncoder | None = None
         self._stop_ids: frozenset[int] = frozenset()
@@ -298,3 +302,11 @@ def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
         sorted_probs = sorted_probs * keep
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def _start_parallel_workers() -> None:
+    """Make torch start its parallel worker threads now, from the calling thread (an
+    elementwise op and a matrix product, each large enough to run in parallel)."""
+    with torch.inference_mode():
+        torch.ones(1 << 20).add_(1.0)
+        torch.ones(256, 256) @ torch.ones(256, 256)

@@ -1,0 +1,87 @@
+"""The embedded engine's model thread: jobs in order, cancellation waits for a running step,
+and each step gives way to frame decoding for at most ``max_yield_s``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+
+from handlers import blocking
+from server.engines.model_thread import ModelThread
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_jobs_run_in_order_on_one_thread() -> None:
+    """Every job runs on the same thread, in the order given, and returns its result."""
+    thread = ModelThread()
+    try:
+        seen: list[tuple[int, int]] = []
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(thread.run, lambda i=i: seen.append((i, threading.get_ident())))
+                await anyio.sleep(0)
+        assert [i for i, _ in seen] == list(range(5)) and len({t for _, t in seen}) == 1
+        assert await thread.run(lambda: 41 + 1) == 42
+        with pytest.raises(ZeroDivisionError):
+            await thread.run(lambda: 1 / 0)
+    finally:
+        thread.close()
+
+
+async def test_cancelled_caller_waits_for_its_step() -> None:
+    """A caller cancelled while its step runs returns only once the step has finished."""
+    thread = ModelThread()
+    finished: list[bool] = []
+
+    def step() -> None:
+        time.sleep(0.2)
+        finished.append(True)
+
+    try:
+        with anyio.move_on_after(0.05):
+            await thread.run(step)
+        assert finished == [True]
+    finally:
+        thread.close()
+
+
+async def test_step_gives_way_to_frame_decoding_but_not_forever() -> None:
+    """While frames decode, a model step waits (not past max_yield_s); with the pool idle it starts at once."""
+    blocking.configure(1)
+    thread = ModelThread(yield_to=blocking.frames_busy, max_yield_s=0.5)
+    try:
+        await thread.run(lambda: None)  # the thread is up
+        asked = time.perf_counter()
+        await thread.run(lambda: None)
+        idle_start = time.perf_counter() - asked
+
+        decoded: list[float] = []
+
+        def decode() -> None:
+            time.sleep(0.15)
+            decoded.append(time.perf_counter())
+
+        started: list[float] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(blocking.run_fair, decode)
+            await anyio.sleep(0.02)
+            await thread.run(lambda: started.append(time.perf_counter()))
+        assert started[0] >= decoded[0]  # the step waited for the decode
+        assert idle_start < 0.05
+
+        hog = threading.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(blocking.run_fair, hog.wait, 5)
+            await anyio.sleep(0.02)
+            asked = time.perf_counter()
+            await thread.run(lambda: None)
+            waited = time.perf_counter() - asked
+            hog.set()
+        assert 0.4 < waited < 2.0  # gave way for max_yield_s, then ran anyway
+    finally:
+        thread.close()
+        blocking.configure(2)
