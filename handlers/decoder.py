@@ -34,6 +34,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps
 
+from handlers.pixel_pool import POOL
+
 #: Largest image accepted, in pixels (width x height), checked before decoding.
 DEFAULT_MAX_PIXELS = 40_000_000
 #: Largest long side / short side accepted by default (the server passes its setting).
@@ -181,15 +183,22 @@ def _decode_turbo(data: bytes, size: tuple[int, int], max_side: int | None) -> n
     # The exact 1/factor size as minimum: TurboJPEG picks the smallest scale that reaches it,
     # which is that power of two, never one of its slow odd scales.
     expected = (-(-height // factor), -(-width // factor))
-    pixels: np.ndarray = simplejpeg.decode_jpeg(
-        data,
-        colorspace="RGB",
-        strict=True,
-        min_height=expected[0] if factor > 1 else 0,
-        min_width=expected[1] if factor > 1 else 0,
-    )
-    if pixels.shape != (*expected, 3):
-        raise ValueError("unexpected decoded size")
+    pixels = POOL.take((*expected, 3))  # recycled memory: no fresh pages per frame
+    try:
+        decoded = simplejpeg.decode_jpeg(
+            data,
+            colorspace="RGB",
+            strict=True,
+            min_height=expected[0] if factor > 1 else 0,
+            min_width=expected[1] if factor > 1 else 0,
+            buffer=pixels,
+        )
+        if decoded.shape != pixels.shape:
+            raise ValueError("unexpected decoded size")
+    except ValueError:
+        POOL.give(pixels)
+        raise
+    del decoded
     return pixels
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from handlers.pixel_pool import POOL
+
 
 # Every Frame of the process, weakly: the leak check behind ``live_frame_count``.
 _ALL_FRAMES: weakref.WeakSet[Frame] = weakref.WeakSet()
@@ -79,9 +81,12 @@ class Frame:
         return self.image is not None
 
     def release(self) -> None:
-        """Drop the bytes and the image; metadata stays for reporting."""
+        """Drop the bytes and the image (its memory goes back to the pixel pool when nothing
+        else uses it); metadata stays for reporting."""
         self.data = None
-        self.image = None
+        image, self.image = self.image, None
+        if image is not None:
+            POOL.give(image)
 
 
 class FrameBuffer:

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from handlers import blocking
+from handlers import blocking, pixel_pool
 from handlers.core import Limits
 from handlers.errors import CLOSE_CODES, ErrorCode
 from handlers.frames import live_frame_count
@@ -84,6 +84,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     access = AccessPolicy([k.get_secret_value() for k in settings.api_keys], settings.allowed_origins)
     warn_if_open(settings.host, access)
     blocking.configure(settings.decode_threads)
+    pixel_pool.configure(settings.pixel_pool_bytes)
     limits = Limits(
         max_frame_bytes=settings.max_frame_bytes,
         max_audio_bytes=settings.max_audio_bytes,
@@ -179,6 +180,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "sessions_parked": len(parking),
                 "frames_live": live_frame_count(),
                 "tasks": len(asyncio.all_tasks()),
+                "pixel_pool": {
+                    "reused": pixel_pool.POOL.reused, "fresh": pixel_pool.POOL.fresh,
+                    "held_bytes": pixel_pool.POOL.held_bytes,
+                },
                 "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
                 "engine": getattr(app.state.engine, "stats", lambda: {})(),
             }

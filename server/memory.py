@@ -19,6 +19,8 @@ import time
 
 import anyio
 
+from handlers.pixel_pool import POOL
+
 log = logging.getLogger("livesight.memory")
 
 #: Least time between two trims while sessions are still open.
@@ -45,6 +47,7 @@ _malloc_trim = _load_trim()
 def release_free_memory() -> bool:
     """Collect garbage cycles and return free heap pages to the OS; True if glibc trimmed."""
     gc.collect()
+    POOL.clear()
     if _malloc_trim is None:
         return False
     return bool(_malloc_trim(0))

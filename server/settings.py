@@ -64,6 +64,10 @@ class Settings(BaseSettings):
         1024, ge=32, description="frames are decoded at most this large (the model may ask for less)"
     )
     decode_threads: int = Field(2, ge=1, le=64, description="threads for image decoding (whole server)")
+    pixel_pool_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="memory of released decoded frames kept for the next decodes "
+        "(whole server), so a steady stream reuses pixels instead of faulting in fresh pages"
+    )
     model_yield_ms: float = Field(
         20.0, ge=0, le=1000, description="before each model step, the embedded engine waits while frames are "
         "being decoded, up to this long (0: never), so intake comes first on a full CPU"

@@ -58,7 +58,7 @@ def test_sniff_format_reads_magic_bytes() -> None:
 def test_decode_fits_the_longest_side_and_keeps_aspect(fmt: str) -> None:
     """A large frame comes back as RGB pixels with its longest side at max_side, aspect kept."""
     image = decode_image(encode(gradient(800, 400), fmt), 200)
-    assert image.dtype == np.uint8 and image.flags.c_contiguous and image.flags.owndata
+    assert image.dtype == np.uint8 and image.flags.c_contiguous and _owns_pixels(image)
     assert image.shape == (100, 200, 3)
     portrait = decode_image(encode(gradient(300, 600), fmt), 150)
     assert portrait.shape == (150, 75, 3)
@@ -142,7 +142,7 @@ def test_decoded_image_does_not_keep_the_encoded_bytes(fmt: str) -> None:
     before = sys.getrefcount(data)
     image = decode_image(data, None)
     assert sys.getrefcount(data) == before
-    assert image.shape == (48, 64, 3) and image.flags.owndata
+    assert image.shape == (48, 64, 3) and _owns_pixels(image)
 
 
 def test_large_jpeg_is_decoded_at_reduced_scale(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,7 +193,7 @@ def test_jpeg_decodes_by_turbojpeg_as_pillow_would() -> None:
         assert np.array_equal(image, simplejpeg.decode_jpeg(data, colorspace="RGB"))  # the TurboJPEG path
         assert mean_difference(image, pillow_pixels(data)) < 2
         half = decode_image(data, 320)
-        assert half.shape == (240, 320, 3) and half.flags.owndata
+        assert half.shape == (240, 320, 3) and _owns_pixels(half)
         assert mean_difference(half, pillow_pixels(data, (320, 240))) < 2
 
 
@@ -250,3 +250,36 @@ def test_jpeg_libjpeg_warns_about_is_decoded_by_pillow() -> None:
     image = decode_image(damaged, None)
     assert image.shape == (48, 64, 3)
     assert mean_difference(image, pillow_pixels(data)) < 2
+
+
+def _owns_pixels(image: np.ndarray) -> bool:
+    """The array owns its memory, or is a whole view of a plain buffer of its own (the pixel
+    pool's): never a view of the encoded bytes."""
+    base = image.base
+    return base is None or (isinstance(base, np.ndarray) and base.base is None and base.nbytes == image.nbytes)
+
+
+def test_released_frame_memory_is_reused_only_when_unshared() -> None:
+    """A released frame's pixels go back to the pool and the next decode of that size reuses
+    them; pixels still referenced elsewhere are never recycled."""
+    import weakref
+
+    from handlers.frames import Frame
+    from handlers.pixel_pool import POOL
+
+    data = encode(gradient(64, 48), "JPEG")
+    POOL.clear()
+    first = decode_image(data, None)
+    frame = Frame(seq=1, key="a", data=data, receive_ts_ms=0.0, image=first)
+    memory = weakref.ref(first.base)
+    del first
+    frame.release()
+    assert POOL.held_bytes == 64 * 48 * 3
+    again = decode_image(data, None)
+    assert again.base is memory() and POOL.held_bytes == 0  # the same memory, refilled
+    kept = again  # a second holder: the frame's release must not recycle it
+    shared = Frame(seq=2, key="b", data=data, receive_ts_ms=0.0, image=again)
+    del again
+    shared.release()
+    assert POOL.held_bytes == 0
+    assert np.array_equal(kept, decode_image(data, None))  # untouched by later decodes
