@@ -155,29 +155,6 @@ async def test_cancelled_caller_waits_for_its_running_job() -> None:
     assert finished == [True]
 
 
-async def test_frame_threads_take_the_next_job_without_the_event_loop() -> None:
-    """A frame thread that finishes a job starts the next queued one at once, even while the event loop is busy."""
-    blocking.configure(1)
-    spans: list[tuple[float, float]] = []
-
-    def job() -> None:
-        started = time.perf_counter()
-        time.sleep(0.05)
-        spans.append((started, time.perf_counter()))
-
-    try:
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):
-                tg.start_soon(blocking.run_fair, job)
-            await anyio.sleep(0.01)  # all three are queued
-            time.sleep(0.25)  # the event loop is blocked: it cannot hand out the next job
-        assert len(spans) == 3
-        gaps = [later[0] - earlier[1] for earlier, later in zip(spans, spans[1:])]
-        assert max(gaps) < 0.04  # not the 0.2 s the loop was still blocked
-    finally:
-        blocking.configure(2)
-
-
 async def test_cancelled_caller_takes_its_queued_job_back() -> None:
     """A caller cancelled before its job started removes it from the queue: it never runs."""
     blocking.configure(1)
