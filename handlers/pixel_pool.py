@@ -56,10 +56,10 @@ class PixelPool:
             buffer = np.empty(nbytes, dtype=np.uint8)
         return buffer.reshape(shape)
 
-    def give(self, image: np.ndarray) -> bool:
+    def give(self, image: object) -> bool:
         """Take back the memory of an image made by ``take`` once nothing else refers to it;
-        True when it was kept for reuse."""
-        buffer = image.base
+        True when it was kept for reuse (anything else is left alone)."""
+        buffer = getattr(image, "base", None)
         if not isinstance(buffer, np.ndarray) or buffer.base is not None or buffer.ndim != 1:
             return False  # not one of ours
         if sys.getrefcount(image) > _UNSHARED_REFS or sys.getrefcount(buffer) > _UNSHARED_REFS:
