@@ -148,7 +148,7 @@ def decode_opened(img: Image.Image, data: bytes, max_side: int | None) -> np.nda
     """``decode_image`` for an image already opened (and checked) by ``open_image`` over
     ``data``: call it inside that ``with`` block, so the header is checked once. Raises what
     Pillow raises (``open_image`` turns that into ``ValueError``)."""
-    if _turbo_decodable(img):
+    if turbo_decodable(img):
         try:
             pixels = _decode_turbo(data, img.size, max_side)
         except ValueError:
@@ -158,15 +158,40 @@ def decode_opened(img: Image.Image, data: bytes, max_side: int | None) -> np.nda
     return _decode_pillow(img, max_side)
 
 
-def _turbo_decodable(img: Image.Image) -> bool:
-    """A plain JPEG (YCbCr, RGB or grayscale) that needs no EXIF turn."""
+def turbo_decodable(img: Image.Image) -> bool:
+    """A plain JPEG (YCbCr, RGB or grayscale) that needs no EXIF turn: TurboJPEG decodes it."""
     if img.format != "JPEG" or img.mode not in ("RGB", "L"):
         return False
     return img.getexif().get(_ORIENTATION_TAG, 1) not in _TURNING_ORIENTATIONS
 
 
-def _decode_turbo(data: bytes, size: tuple[int, int], max_side: int | None) -> np.ndarray:
-    """The JPEG's pixels by TurboJPEG, at the smallest fast scale still at least ``max_side``.
+def decode_jpeg(data: bytes, size: tuple[int, int], max_side: int | None, *, pooled: bool = False) -> np.ndarray:
+    """A plain JPEG (``turbo_decodable``) of ``size`` (width, height) decoded as
+    ``decode_image`` would, without parsing its header with Pillow again; TurboJPEG first,
+    Pillow when libjpeg-turbo warns. ``pooled``: the pixels take recycled memory (for a frame
+    that holds them until it is released). Raises ``ValueError`` as ``decode_image``."""
+    try:
+        return _fitted(_decode_turbo(data, size, max_side, pooled=pooled), max_side)
+    except ValueError:
+        return decode_image(data, max_side)
+
+
+def decode_jpeg_reduced(data: bytes, size: tuple[int, int], min_side: int) -> np.ndarray:
+    """A plain JPEG (``turbo_decodable``) of ``size`` decoded at the smallest fast scale (down
+    to 1/8) whose sides are still at least ``min_side`` (or at full size when smaller): for a
+    thumbnail. libjpeg still reads every coefficient, and any warning is an error, so a
+    corrupt or truncated JPEG fails here as it would in a full decode.
+
+    Raises:
+        ValueError: libjpeg-turbo reports an error or a warning, or its header differs.
+    """
+    factor = next((k for k in _FAST_SCALES if -(-min(size) // k) >= min_side), 1)
+    return _decode_turbo(data, size, max(-(-size[0] // factor), -(-size[1] // factor)), pooled=False)
+
+
+def _decode_turbo(data: bytes, size: tuple[int, int], max_side: int | None, *, pooled: bool = True) -> np.ndarray:
+    """The JPEG's pixels by TurboJPEG, at the smallest fast scale still at least ``max_side``
+    (``pooled``: into memory from the pixel pool).
 
     Raises:
         ValueError: libjpeg-turbo reports an error or a warning (``strict``), or its reading
@@ -183,7 +208,7 @@ def _decode_turbo(data: bytes, size: tuple[int, int], max_side: int | None) -> n
     # The exact 1/factor size as minimum: TurboJPEG picks the smallest scale that reaches it,
     # which is that power of two, never one of its slow odd scales.
     expected = (-(-height // factor), -(-width // factor))
-    pixels = POOL.take((*expected, 3))  # recycled memory: no fresh pages per frame
+    pixels = POOL.take((*expected, 3)) if pooled else np.empty((*expected, 3), np.uint8)
     try:
         decoded = simplejpeg.decode_jpeg(
             data,
@@ -196,7 +221,8 @@ def _decode_turbo(data: bytes, size: tuple[int, int], max_side: int | None) -> n
         if decoded.shape != pixels.shape:
             raise ValueError("unexpected decoded size")
     except ValueError:
-        POOL.give(pixels)
+        if pooled:
+            POOL.give(pixels)
         raise
     del decoded
     return pixels

@@ -1,14 +1,15 @@
 """Frames and the per-session frame buffer: a bounded FIFO window with pinning.
 
-A ``Frame`` holds one client frame: its encoded bytes, its metadata and, once decoded,
-its image (an H x W x 3 uint8 RGB numpy array). ``FrameBuffer`` keeps the last
+A ``Frame`` holds one client frame: its encoded bytes, its metadata and, once checked at
+intake, its picture (``FrameImage``: a JPEG kept encoded until an engine reads it, or pixels
+decoded at intake). ``FrameBuffer`` keeps the last
 ``max_frames`` of them. A frame that a running answer or warmup uses is *pinned*: it may
 leave the window, but keeps its bytes and image until its last unpin. A frame that is out
 of the window and unpinned is *released* at once (bytes and image dropped): nothing
 outlives its use.
 
 Pure and synchronous; not thread-safe. Use it from the session's event loop only, and
-set ``Frame.image`` there when a decode finishes.
+set ``Frame.image`` there when intake has checked the image.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
-
-from handlers.pixel_pool import POOL
+from handlers.frame_image import FrameImage
 
 
 # Every Frame of the process, weakly: the leak check behind ``live_frame_count``.
@@ -61,7 +60,7 @@ class Frame:
     source_pts_ms: float | None = None
     capture_ts_ms: float | None = None
     quality_profile: str | None = None
-    image: np.ndarray | None = None  # H x W x 3 uint8 RGB; set once decoded
+    image: FrameImage | None = None  # set once intake has checked (and maybe decoded) it
     decode_ms: float | None = None
     decoded_ts_ms: float | None = None
     pins: int = 0
@@ -77,16 +76,16 @@ class Frame:
 
     @property
     def ready(self) -> bool:
-        """True when the frame is decoded and not released."""
+        """True when the frame's image is checked and not released."""
         return self.image is not None
 
     def release(self) -> None:
-        """Drop the bytes and the image (its memory goes back to the pixel pool when nothing
-        else uses it); metadata stays for reporting."""
+        """Drop the bytes and the image (decoded memory goes back to the pixel pool when
+        nothing else uses it); metadata stays for reporting."""
         self.data = None
         image, self.image = self.image, None
         if image is not None:
-            POOL.give(image)
+            image.release()
 
 
 class FrameBuffer:
@@ -127,7 +126,7 @@ class FrameBuffer:
         return len(self._window) + len(self._detached)
 
     def ready_frames(self) -> list[Frame]:
-        """The decoded frames in the window, oldest first."""
+        """The frames in the window whose image is checked, oldest first."""
         return [frame for frame in self._window if frame.image is not None]
 
     def add(self, frame: Frame) -> list[Frame]:
@@ -195,10 +194,10 @@ class FrameBuffer:
                 self._detached.pop(id(frame), None)
                 frame.release()
 
-    def decoded_image(self, key: str) -> np.ndarray | None:
-        """The image of a live decoded frame with this content key, or None.
+    def decoded_image(self, key: str) -> FrameImage | None:
+        """The image of a live checked frame with this content key, or None.
 
-        Lets an identical frame reuse an image instead of decoding the bytes again.
+        Lets an identical frame reuse an image instead of checking the bytes again.
         """
         for frame in reversed(self._window):
             if frame.key == key and frame.image is not None:

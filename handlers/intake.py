@@ -7,9 +7,11 @@
 - ``Admission``: session slots, and the separate, bounded pool of connections that have not
   sent ``session.config`` yet, so silent connections cannot take the slots of real clients.
 - ``prepare_frame`` (blocking, run on the image pool): base64, content hash, header check,
-  then ONE decode at the size the model needs; the similarity thumbnail comes from that
-  decoded image. A heavy image stops after the header check (``PreparedFrame.image`` is
-  None) and is decoded by ``decode_prepared`` on the smaller heavy pool.
+  then the frame's picture (``frame_image.py``): a plain JPEG is kept encoded and decoded
+  at 1/8 scale for the similarity thumbnail; any other image is decoded once, at the size
+  the model needs, and its thumbnail taken from those pixels. A heavy image stops after the
+  header check (``PreparedFrame.image`` is None) and is finished by ``decode_prepared`` on
+  the smaller heavy pool.
 """
 
 from __future__ import annotations
@@ -21,13 +23,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import anyio
-import numpy as np
+from PIL import Image
 
 from handlers.core import decode_base64
-from handlers.decoder import ImageHeader, decode_image, decode_opened, open_image, sniff_format
+from handlers.decoder import (
+    ImageHeader,
+    decode_jpeg_reduced,
+    decode_opened,
+    open_image,
+    sniff_format,
+    turbo_decodable,
+)
 from handlers.errors import ErrorCode, SessionError
+from handlers.frame_image import FrameImage
 from handlers.frames import content_key
-from handlers.similarity import NormalisedThumbnail, normalised_thumbnail
+from handlers.similarity import THUMBNAIL_SIDE, NormalisedThumbnail, normalised_thumbnail
 
 MiB = 1024 * 1024
 
@@ -125,22 +135,22 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class PreparedFrame:
-    """A frame's bytes, identity and header; its image and thumbnail once decoded."""
+    """A frame's bytes, identity and header; its picture and thumbnail once checked."""
 
     raw: bytes
     key: str
     header: ImageHeader
     heavy: bool
-    image: np.ndarray | None = None  # H x W x 3 uint8 RGB
+    image: FrameImage | None = None
     thumb: NormalisedThumbnail | None = None
-    decode_ms: float | None = None
+    decode_ms: float | None = None  # the intake decode: the thumbnail's, or the whole image's
 
 
 def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None) -> PreparedFrame:
-    """Blocking: base64, content key, header check and (unless heavy) the one decode.
+    """Blocking: base64, content key, header check and (unless heavy) the frame's picture.
 
     The image is opened once: its header is checked, then (unless heavy) the same opened
-    image is decoded, so the JPEG markers are parsed once.
+    image is decoded, so its markers are parsed once.
 
     Raises:
         SessionError: ``invalid_image`` for bad base64, an undecodable image, or one over
@@ -154,38 +164,52 @@ def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, m
             header = ImageHeader(sniff_format(raw) or "", *img.size)
             prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
             if prepared.heavy:
-                return prepared  # decoded by ``decode_prepared`` on the heavy pool
-            started = time.perf_counter()
-            image = decode_opened(img, raw, max_side)
+                return prepared  # finished by ``decode_prepared`` on the heavy pool
+            return _with_picture(prepared, img, max_side)
     except ValueError as exc:
-        fid = None if frame_id is None else str(frame_id)
-        if not checked:
-            raise SessionError(ErrorCode.INVALID_IMAGE, f"image refused: {exc}", frame_id=fid) from None
-        raise SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=fid) from None
-    return _with_image(prepared, image, started)
+        raise _refused(exc, frame_id, checked) from None
 
 
 def decode_prepared(
     prepared: PreparedFrame, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None
 ) -> PreparedFrame:
-    """Blocking: decode at most at ``max_side`` and take the thumbnail from that image.
+    """Blocking: ``prepare_frame``'s picture and thumbnail for a heavy image.
 
     Raises:
         SessionError: ``invalid_image`` when the pixels cannot be decoded.
     """
-    started = time.perf_counter()
     try:
-        image = decode_image(
-            prepared.raw, max_side, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio
-        )
+        with open_image(
+            prepared.raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio
+        ) as img:
+            return _with_picture(prepared, img, max_side)
     except ValueError as exc:
-        fid = None if frame_id is None else str(frame_id)
-        raise SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=fid) from None
-    return _with_image(prepared, image, started)
+        raise _refused(exc, frame_id, True) from None
 
 
-def _with_image(prepared: PreparedFrame, image: np.ndarray, started: float) -> PreparedFrame:
-    """The prepared frame with its decoded image and its similarity thumbnail (normalised
-    here, off the event loop)."""
-    thumb = normalised_thumbnail(image)
-    return replace(prepared, image=image, thumb=thumb, decode_ms=round((time.perf_counter() - started) * 1000, 3))
+def _with_picture(prepared: PreparedFrame, img: Image.Image, max_side: int | None) -> PreparedFrame:
+    """The prepared frame with its picture and its similarity thumbnail (normalised here, off
+    the event loop). A plain JPEG stays encoded: only its 1/8-scale decode is made, for the
+    thumbnail; anything else (or a JPEG libjpeg-turbo warns about) is decoded once, at
+    ``max_side``. Raises what the decoders raise (``open_image`` makes it ``ValueError``)."""
+    started = time.perf_counter()
+    picture: FrameImage | None = None
+    if turbo_decodable(img):
+        try:
+            small = decode_jpeg_reduced(prepared.raw, img.size, THUMBNAIL_SIDE)
+        except ValueError:
+            pass  # a libjpeg warning: decoded in full below, where Pillow decides
+        else:
+            picture = FrameImage.encoded(prepared.raw, img.size, max_side)
+    if picture is None:
+        small = decode_opened(img, prepared.raw, max_side)
+        picture = FrameImage.decoded(small)
+    thumb = normalised_thumbnail(small)
+    return replace(prepared, image=picture, thumb=thumb, decode_ms=round((time.perf_counter() - started) * 1000, 3))
+
+
+def _refused(exc: ValueError, frame_id: str | int | None, checked: bool) -> SessionError:
+    fid = None if frame_id is None else str(frame_id)
+    if not checked:
+        return SessionError(ErrorCode.INVALID_IMAGE, f"image refused: {exc}", frame_id=fid)
+    return SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {exc}", frame_id=fid)

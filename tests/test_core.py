@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from handlers.frame_image import FrameImage
 from handlers.core import Limits, Phase, SessionCore
 from handlers.errors import ErrorCode, SessionError
 from handlers.frames import Frame, content_key
@@ -97,7 +98,7 @@ def test_query_plan_pins_frames_and_takes_audio() -> None:
     assert plan.audio is not None and len(plan.audio.pcm16) == 22 and not core.audio
     assert all(f.pins == 1 for f in plan.frames)
     for frame in plan.frames:
-        frame.image = np.zeros((4, 4, 3), np.uint8)
+        frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     core.query_prompt(plan)
     core.finish(plan, "answer")
     assert core.history == [Exchange("hi", "answer")]
@@ -113,7 +114,7 @@ def test_query_with_no_frames() -> None:
 def _decoded(core: SessionCore, seed: int, frame_id=None):
     intake = _feed(core, seed, frame_id, pts_ms=500.0 * seed)
     if intake.frame is not None:
-        intake.frame.image = np.zeros((4, 4, 3), np.uint8)
+        intake.frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     return intake
 
 
@@ -217,7 +218,7 @@ def test_prompt_layout_and_prefix() -> None:
     """System, history as text, then timestamped frames, audio, question; the prefix is a true prefix."""
     frames = [_frame(i, pts=500.0 * i) for i in range(3)]
     for f in frames:
-        f.image = np.zeros((4, 4, 3), np.uint8)
+        f.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     audio = AudioSegment("a", b"\x00\x00")
     history = [Exchange("q1", "a1")]
     full = build_prompt(system_prompt="sys", history=history, frames=frames, origin=frames[0],
@@ -234,7 +235,7 @@ def test_prompt_layout_and_prefix() -> None:
 def test_prompt_without_timestamps() -> None:
     """frame_timestamps=false leaves only the images."""
     frame = _frame(0)
-    frame.image = np.zeros((4, 4, 3), np.uint8)
+    frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     prompt = build_prompt(system_prompt=None, history=[], frames=[frame], origin=frame, timestamps=False, question="q")
     assert [type(s) for s in prompt.turns[-1].segments] == [ImageSegment, TextSegment]
 

@@ -264,13 +264,14 @@ def test_released_frame_memory_is_reused_only_when_unshared() -> None:
     them; pixels still referenced elsewhere are never recycled."""
     import weakref
 
+    from handlers.frame_image import FrameImage
     from handlers.frames import Frame
     from handlers.pixel_pool import POOL
 
     data = encode(gradient(64, 48), "JPEG")
     POOL.clear()
     first = decode_image(data, None)
-    frame = Frame(seq=1, key="a", data=data, receive_ts_ms=0.0, image=first)
+    frame = Frame(seq=1, key="a", data=data, receive_ts_ms=0.0, image=FrameImage.decoded(first))
     memory = weakref.ref(first.base)
     del first
     frame.release()
@@ -278,7 +279,7 @@ def test_released_frame_memory_is_reused_only_when_unshared() -> None:
     again = decode_image(data, None)
     assert again.base is memory() and POOL.held_bytes == 0  # the same memory, refilled
     kept = again  # a second holder: the frame's release must not recycle it
-    shared = Frame(seq=2, key="b", data=data, receive_ts_ms=0.0, image=again)
+    shared = Frame(seq=2, key="b", data=data, receive_ts_ms=0.0, image=FrameImage.decoded(again))
     del again
     shared.release()
     assert POOL.held_bytes == 0

@@ -24,6 +24,7 @@ import pytest
 import torch
 from PIL import Image
 
+from handlers.frame_image import FrameImage
 from handlers.frames import Frame, content_key
 from handlers.prompt import Exchange, build_prompt, render_timeline
 from handlers.timeline import INTERRUPTED_MARK, Timeline, interrupted_answer
@@ -77,7 +78,7 @@ FRAMES = make_shots(8)
 def as_frame(shot: Shot) -> Frame:
     """The session's frame for ``shot``, 0.5 s after the previous one."""
     return Frame(seq=shot.seq, key=shot.key, data=None, receive_ts_ms=1e12 + 500 * shot.seq,
-                 pts_ms=500.0 * shot.seq, image=shot.image)
+                 pts_ms=500.0 * shot.seq, image=FrameImage.decoded(shot.image))
 
 
 def prompt_for(
@@ -116,7 +117,7 @@ class Reference:
                 elif isinstance(segment, ImageSegment):
                     content.append({"type": "image"})
                     # A Pillow image: the engine's numpy frames must encode as these do.
-                    images.append(Image.fromarray(segment.image))
+                    images.append(Image.fromarray(segment.pixels()))
             messages.append({"role": turn.role, "content": content})
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not images:

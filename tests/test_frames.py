@@ -7,6 +7,7 @@ import gc
 import pytest
 import numpy as np
 
+from handlers.frame_image import FrameImage
 from handlers.frames import Frame, FrameBuffer, content_key, live_frame_count
 
 
@@ -14,7 +15,7 @@ def make_frame(seq: int, payload: bytes | None = None, *, image: bool = False) -
     data = payload if payload is not None else f"frame-{seq}".encode()
     frame = Frame(seq=seq, key=content_key(data), data=data, receive_ts_ms=1000.0 + seq)
     if image:
-        frame.image = np.zeros((4, 4, 3), np.uint8)
+        frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     return frame
 
 
@@ -48,7 +49,7 @@ def test_full_window_evicts_the_oldest_frame_and_releases_it() -> None:
     """By default a full window drops exactly its oldest frame, which loses its data."""
     buffer = FrameBuffer(3)
     frames = fill(buffer, 3)
-    frames[0].image = np.zeros((4, 4, 3), np.uint8)
+    frames[0].image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     newest = make_frame(3)
     evicted = buffer.add(newest)
     assert evicted == [frames[0]]
@@ -85,7 +86,7 @@ def test_pinned_frame_survives_eviction_until_its_last_unpin() -> None:
     """A pinned frame keeps bytes and image out of the window; the last unpin releases it."""
     buffer = FrameBuffer(2)
     frames = fill(buffer, 2)
-    frames[0].image = np.zeros((4, 4, 3), np.uint8)
+    frames[0].image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     buffer.pin([frames[0]])
     buffer.pin([frames[0]])
     assert buffer.add(make_frame(2)) == [frames[0]]
@@ -162,8 +163,8 @@ def test_ready_frames_are_the_decoded_ones() -> None:
     """Only frames with an image count as ready, oldest first."""
     buffer = FrameBuffer(4)
     frames = fill(buffer, 3)
-    frames[0].image = np.zeros((4, 4, 3), np.uint8)
-    frames[2].image = np.zeros((4, 4, 3), np.uint8)
+    frames[0].image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
+    frames[2].image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
     assert buffer.ready_frames() == [frames[0], frames[2]]
 
 

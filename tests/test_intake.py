@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from handlers import blocking
-from handlers.decoder import read_header
-from handlers.errors import SessionError
+from handlers.decoder import decode_image, read_header
+from handlers.errors import ErrorCode, SessionError
 from handlers.intake import Admission, IntakeLimits, ReadAhead, prepare_frame
 from handlers.similarity import similarity, thumbnail, thumbnail_of
 from tests.conftest import b64, jpeg_frame
@@ -68,15 +68,36 @@ def test_header_checks_refuse_before_decoding() -> None:
     assert read_header(jpeg_frame(1, size=(320, 240))).pixels == 76_800
 
 
-def test_prepare_frame_decodes_once_with_its_thumbnail() -> None:
-    """A light frame comes back decoded at most at the model's size, with a thumbnail like the reduced-decode one."""
+def test_prepare_frame_keeps_a_jpeg_encoded_with_its_thumbnail() -> None:
+    """A plain JPEG is held as its bytes (no pixels at intake) and decodes, when read, at most
+    at the model's size and as ``decode_image`` decodes it; its thumbnail is like the
+    reduced-decode one."""
     raw = jpeg_frame(3, size=(640, 480))
     prepared = prepare_frame(b64(raw), None, IntakeLimits(), 320)
-    assert not prepared.heavy and prepared.image is not None and max(prepared.image.shape) <= 400
+    assert not prepared.heavy and prepared.image is not None
+    assert prepared.image.lazy and prepared.image.held_bytes == len(raw)
+    pixels = prepared.image.pixels()
+    assert max(pixels.shape) <= 400 and np.array_equal(pixels, decode_image(raw, 320))
     assert prepared.thumb is not None and prepared.thumb.colour.shape == (32, 32, 3)
     assert similarity(prepared.thumb, thumbnail(raw)) > 0.95
     other = prepare_frame(b64(jpeg_frame(4, size=(640, 480))), None, IntakeLimits(), 320)
     assert similarity(prepared.thumb, other.thumb) < 0.9
+
+
+def test_images_turbojpeg_cannot_take_are_decoded_at_intake() -> None:
+    """PNG and a JPEG libjpeg-turbo warns about are decoded once at intake and hold their
+    pixels; a truncated JPEG is refused at intake, though only its 1/8 scale is decoded."""
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 200, 30)).save(buf, "PNG")
+    png = prepare_frame(b64(buf.getvalue()), None, IntakeLimits(), 597)
+    assert png.image is not None and not png.image.lazy and png.image.pixels().shape == (48, 64, 3)
+    raw = jpeg_frame(5, size=(640, 480))
+    with pytest.raises(SessionError) as refused:
+        prepare_frame(b64(raw[: len(raw) // 2]), "t", IntakeLimits(), 597)
+    assert refused.value.code == ErrorCode.INVALID_IMAGE and refused.value.frame_id == "t"
+    marker = raw.index(b"\xff\xdb")  # stray bytes before a marker: libjpeg warns, Pillow decides
+    prepared = prepare_frame(b64(raw[:marker] + b"\x12\x34" + raw[marker:]), None, IntakeLimits(), 597)
+    assert prepared.image is not None and not prepared.image.lazy
 
 
 def test_png_above_a_quarter_of_the_heavy_limit_is_heavy() -> None:

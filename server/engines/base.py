@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from PIL import Image
@@ -26,14 +26,29 @@ class TextSegment:
     text: str
 
 
+class PixelSource(Protocol):
+    """A picture decoded when it is read (a frame held as its JPEG)."""
+
+    def pixels(self) -> np.ndarray:
+        """H x W x 3 uint8 RGB; raises ``ValueError`` when it cannot be decoded."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ImageSegment:
-    """One decoded frame. ``key`` is the content hash: the image's identity for caches.
-    ``image``: H x W x 3 uint8 RGB pixels; ``jpeg``: the client's encoded bytes, if kept."""
+    """One frame. ``key`` is the content hash: the image's identity for caches. ``image``:
+    H x W x 3 uint8 RGB pixels, or a source that decodes them when read (``pixels``, on the
+    engine's thread: read them only for an image the engine must process); ``jpeg``: the
+    client's encoded bytes (JPEG, PNG or WebP), if kept."""
 
     key: str
-    image: np.ndarray = field(compare=False, repr=False)
+    image: np.ndarray | PixelSource = field(compare=False, repr=False)
     jpeg: bytes | None = field(default=None, compare=False, repr=False)
+
+    def pixels(self) -> np.ndarray:
+        """The frame's pixels (decoded now when held encoded). Raises ``ValueError``."""
+        image = self.image
+        return image if isinstance(image, np.ndarray) else image.pixels()
 
 
 def processor_image(image: np.ndarray) -> np.ndarray | Image.Image:

@@ -583,7 +583,7 @@ def _mime(raw: bytes) -> str:
 
 def _encode_jpeg(image: ImageSegment) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(image.image).save(buf, "JPEG", quality=90)
+    Image.fromarray(image.pixels()).save(buf, "JPEG", quality=90)
     return buf.getvalue()
 
 

@@ -208,7 +208,7 @@ class PromptEncoder:
         return inputs
 
     def _process(self, image: ImageSegment) -> Piece:
-        pixels = processor_image(image.image)
+        pixels = processor_image(image.pixels())
         out = self.processor(
             text=[self.family.processor_text],
             images=[[pixels]] if not self.family.mrope else [pixels],

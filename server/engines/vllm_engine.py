@@ -43,6 +43,7 @@ from server.engines.base import (
     EngineError,
     EngineEvent,
     Finished,
+    ImageSegment,
     Prompt,
     Sampling,
     TextDelta,
@@ -245,7 +246,7 @@ class VllmEngine(Engine):
         """
         refer, retried = True, False
         while True:
-            inputs, handed = self._inputs(prompt, refer)
+            inputs, handed = self._inputs(prompt, refer, await self._pixels(prompt, refer))
             produced = False
             try:
                 async with aclosing(self._attempt(session_id, request_id, inputs, params, handed)) as outputs:
@@ -316,10 +317,28 @@ class VllmEngine(Engine):
                     await llm.abort(collector.request_id, internal=True)
             collector.close()
 
-    def _inputs(self, prompt: Prompt, refer: bool) -> tuple[dict[str, Any], list[str]]:
+    async def _pixels(self, prompt: Prompt, refer: bool) -> dict[str, Any]:
+        """The processor input of each image of the prompt that goes with its data (with
+        ``refer``: those vLLM does not hold), decoded in a worker thread: a frame held as its
+        JPEG is decoded only now."""
+        todo = {
+            seg.key: seg
+            for turn in prompt.turns
+            for seg in turn.segments
+            if isinstance(seg, ImageSegment) and not (refer and seg.key in self._held)
+        }
+        if not todo:
+            return {}
+        try:
+            return await anyio.to_thread.run_sync(lambda: {k: processor_image(seg.pixels()) for k, seg in todo.items()})
+        except ValueError as exc:
+            raise EngineError(f"cannot decode a frame: {exc}") from exc
+
+    def _inputs(self, prompt: Prompt, refer: bool, pixels: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """vLLM's prompt dict (chat-template text, images, and their content keys as uuids) and
         the keys of the images handed over with their data; with ``refer``, images vLLM holds
-        go as ``None``."""
+        go as ``None``. ``pixels``: images already decoded (``_pixels``); one that is not
+        (vLLM dropped it meanwhile) is decoded here."""
         try:
             text, images = render_chat(self._template, prompt, self._specials)
         except (ValueError, KeyError, TypeError) as exc:  # a template that rejects the conversation
@@ -332,7 +351,8 @@ class VllmEngine(Engine):
                 self._held.move_to_end(img.key)
                 data.append(None)
             else:
-                data.append(processor_image(img.image))
+                decoded = pixels.get(img.key)
+                data.append(decoded if decoded is not None else processor_image(img.pixels()))
                 handed.append(img.key)
         if images:
             inputs["multi_modal_data"] = {"image": data}
