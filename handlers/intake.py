@@ -23,14 +23,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import anyio
+import numpy as np
 from PIL import Image
 
 from handlers.core import decode_base64
 from handlers.decoder import (
     ImageHeader,
+    check_size,
     decode_jpeg_reduced,
     decode_opened,
     open_image,
+    plain_jpeg_size,
     sniff_format,
     turbo_decodable,
 )
@@ -149,25 +152,29 @@ class PreparedFrame:
 def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None) -> PreparedFrame:
     """Blocking: base64, content key, header check and (unless heavy) the frame's picture.
 
-    The image is opened once: its header is checked, then (unless heavy) the same opened
-    image is decoded, so its markers are parsed once.
+    A plain JPEG (``decoder.plain_jpeg_size``) is checked from libjpeg-turbo's reading of
+    its header and never reaches Pillow; any other image is opened once by Pillow, its
+    header checked, then (unless heavy) the same opened image is decoded.
 
     Raises:
         SessionError: ``invalid_image`` for bad base64, an undecodable image, or one over
             the pixel or aspect-ratio limit (checked before any pixel is decoded).
     """
     raw = decode_base64(data, ErrorCode.INVALID_IMAGE, "frame data", frame_id)
-    checked = False
-    try:
-        with open_image(raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio) as img:
-            checked = True
-            header = ImageHeader(sniff_format(raw) or "", *img.size)
-            prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
-            if prepared.heavy:
-                return prepared  # finished by ``decode_prepared`` on the heavy pool
-            return _with_picture(prepared, img, max_side)
-    except ValueError as exc:
-        raise _refused(exc, frame_id, checked) from None
+    size = plain_jpeg_size(raw)
+    if size is not None:
+        try:
+            check_size(size, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio)
+        except ValueError as exc:
+            raise _refused(exc, frame_id, False) from None
+        header = ImageHeader("jpeg", *size)
+        prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
+        if prepared.heavy:
+            return prepared  # finished by ``decode_prepared`` on the heavy pool
+        encoded = _kept_encoded(prepared, max_side)
+        if encoded is not None:
+            return encoded
+    return _opened(raw, frame_id, limits, max_side, heavy_later=True)
 
 
 def decode_prepared(
@@ -178,33 +185,61 @@ def decode_prepared(
     Raises:
         SessionError: ``invalid_image`` when the pixels cannot be decoded.
     """
+    if prepared.header.format == "jpeg":
+        encoded = _kept_encoded(prepared, max_side)
+        if encoded is not None:
+            return encoded
+    return _opened(prepared.raw, frame_id, limits, max_side, heavy_later=False)
+
+
+def _opened(
+    raw: bytes, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None, *, heavy_later: bool
+) -> PreparedFrame:
+    """The frame read by Pillow: header checked, then (unless heavy and ``heavy_later``) its
+    picture. Raises ``SessionError`` (``invalid_image``)."""
+    checked = False
     try:
-        with open_image(
-            prepared.raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio
-        ) as img:
+        with open_image(raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio) as img:
+            checked = True
+            header = ImageHeader(sniff_format(raw) or "", *img.size)
+            prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
+            if prepared.heavy and heavy_later:
+                return prepared  # finished by ``decode_prepared`` on the heavy pool
             return _with_picture(prepared, img, max_side)
     except ValueError as exc:
-        raise _refused(exc, frame_id, True) from None
+        raise _refused(exc, frame_id, checked) from None
+
+
+def _kept_encoded(prepared: PreparedFrame, max_side: int | None) -> PreparedFrame | None:
+    """A plain JPEG kept encoded, with the thumbnail of its 1/8-scale decode; None when
+    libjpeg-turbo warns (Pillow then decides)."""
+    started = time.perf_counter()
+    size = (prepared.header.width, prepared.header.height)
+    try:
+        small = decode_jpeg_reduced(prepared.raw, size, THUMBNAIL_SIDE)
+    except ValueError:
+        return None
+    return _finished(prepared, FrameImage.encoded(prepared.raw, size, max_side), small, started)
 
 
 def _with_picture(prepared: PreparedFrame, img: Image.Image, max_side: int | None) -> PreparedFrame:
-    """The prepared frame with its picture and its similarity thumbnail (normalised here, off
-    the event loop). A plain JPEG stays encoded: only its 1/8-scale decode is made, for the
-    thumbnail; anything else (or a JPEG libjpeg-turbo warns about) is decoded once, at
-    ``max_side``. Raises what the decoders raise (``open_image`` makes it ``ValueError``)."""
-    started = time.perf_counter()
-    picture: FrameImage | None = None
+    """The prepared frame with its picture and its similarity thumbnail, for an image opened
+    by Pillow: a plain JPEG stays encoded (``_kept_encoded``); anything else, or a JPEG
+    libjpeg-turbo warns about, is decoded once, at ``max_side``. Raises what the decoders
+    raise (``open_image`` makes it ``ValueError``)."""
     if turbo_decodable(img):
-        try:
-            small = decode_jpeg_reduced(prepared.raw, img.size, THUMBNAIL_SIDE)
-        except ValueError:
-            pass  # a libjpeg warning: decoded in full below, where Pillow decides
-        else:
-            picture = FrameImage.encoded(prepared.raw, img.size, max_side)
-    if picture is None:
-        small = decode_opened(img, prepared.raw, max_side)
-        picture = FrameImage.decoded(small)
-    thumb = normalised_thumbnail(small)
+        encoded = _kept_encoded(prepared, max_side)
+        if encoded is not None:
+            return encoded
+    started = time.perf_counter()
+    pixels = decode_opened(img, prepared.raw, max_side)
+    return _finished(prepared, FrameImage.decoded(pixels), pixels, started)
+
+
+def _finished(prepared: PreparedFrame, picture: FrameImage, pixels: np.ndarray, started: float) -> PreparedFrame:
+    """The prepared frame with its picture and the similarity thumbnail of ``pixels``
+    (normalised here, off the event loop)."""
+    thumb = normalised_thumbnail(pixels)
     return replace(prepared, image=picture, thumb=thumb, decode_ms=round((time.perf_counter() - started) * 1000, 3))
 
 

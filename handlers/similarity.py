@@ -70,6 +70,7 @@ while a still camera sends one frame. A peer's default dropped 90-95% of moving 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,11 +184,16 @@ class NormalisedThumbnail:
             return thumb
         values = np.asarray(thumb, dtype=np.float32)
         colour = values if values.ndim == 3 else values[..., np.newaxis]
-        luma = values @ _LUMA if values.ndim == 3 else values
-        structure = _normalise(luma)
-        cells = np.zeros((structure.size, 4), dtype=np.float32)
-        cells[:, 0] = structure.reshape(-1) / np.float32(CELL_TOLERANCE)
-        cells[:, 1 : 1 + colour.shape[-1]] = colour.reshape(structure.size, -1)[:, :3] / np.float32(COLOUR_TOLERANCE)
+        count = colour.shape[0] * colour.shape[1]
+        flat = colour.reshape(count, -1)
+        luma = flat @ _LUMA if flat.shape[1] == 3 else flat[:, 0].copy()
+        luma -= luma.mean()
+        contrast = math.sqrt(float(luma @ luma) / count)  # the standard deviation, in one product
+        luma *= np.float32(1.0 / max(contrast, CONTRAST_FLOOR))
+        structure = luma.reshape(colour.shape[:2])
+        cells = np.zeros((count, 4), dtype=np.float32)
+        cells[:, 0] = luma * np.float32(1.0 / CELL_TOLERANCE)
+        cells[:, 1 : 1 + min(flat.shape[1], 3)] = flat[:, :3] * np.float32(1.0 / COLOUR_TOLERANCE)
         return NormalisedThumbnail(structure, colour, cells)
 
 
@@ -208,11 +214,6 @@ def similarity(a: np.ndarray | NormalisedThumbnail, b: np.ndarray | NormalisedTh
         ValueError: the thumbnails differ in shape.
     """
     return _unchanged_share(NormalisedThumbnail.of(a), NormalisedThumbnail.of(b))
-
-
-def _normalise(luma: np.ndarray) -> np.ndarray:
-    centred: np.ndarray = luma - luma.mean()
-    return centred / np.float32(max(float(luma.std()), CONTRAST_FLOOR))
 
 
 def _unchanged_share(a: NormalisedThumbnail, b: NormalisedThumbnail) -> float:
