@@ -35,6 +35,8 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[anyio.Capacit
 _threads = 2
 # Frame jobs waiting for a slot or running, whole process (``frames_busy``).
 _frame_jobs = 0
+# Frames read from a client and not yet acknowledged, whole process (``frames_busy``).
+_frames_unacked = 0
 
 
 class Overloaded(Exception):
@@ -93,9 +95,21 @@ async def run_fair(fn: Callable[..., T], *args: object, deadline: float | None =
 
 
 def frames_busy() -> bool:
-    """Whether a frame job is waiting for a slot or running (a hint for the model thread,
-    which gives way to intake)."""
-    return _frame_jobs > 0
+    """Whether a frame is read and not yet acknowledged, or a frame job is waiting for a slot
+    or running (a hint for the model thread, which gives way to intake)."""
+    return _frames_unacked > 0 or _frame_jobs > 0
+
+
+def frame_read() -> None:
+    """A frame was read and queued for its session (``frame_done`` when it is answered)."""
+    global _frames_unacked
+    _frames_unacked += 1
+
+
+def frame_done(count: int = 1) -> None:
+    """Frames counted by ``frame_read`` were acknowledged (or dropped with their session)."""
+    global _frames_unacked
+    _frames_unacked = max(0, _frames_unacked - count)
 
 
 async def run_blocking(

@@ -50,7 +50,7 @@ class IntakeLimits:
     """Per-session intake limits (defaults match ``Settings``)."""
 
     max_read_ahead_bytes: int = 32 * MiB
-    intake_max_wait_ms: float = 50.0
+    intake_max_wait_ms: float = 25.0
     max_image_pixels: int = 3840 * 2160
     max_image_aspect_ratio: float = 20.0
     heavy_image_pixels: int = 1920 * 1080

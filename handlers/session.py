@@ -130,6 +130,7 @@ class Session:
         self.admission = admission or Admission(max_sessions=1 << 30, max_pending=1 << 30)
         self.read_ahead_bytes = 0  # this session's bytes read but not yet handled
         self.waiting_messages = 0  # read, not yet handled: the session is not idle while > 0
+        self.frames_unacked = 0  # frames among them (counted for the whole server by ``blocking``)
         self.observer = observer or SessionObserver()
         self.transport = transport
         self.codec = codec or V1Codec()  # the wire protocol: messages <-> core events
@@ -195,6 +196,8 @@ class Session:
                 self.admission.release(self.id)
                 self.server_read_ahead.give(self.read_ahead_bytes)
                 self.read_ahead_bytes = 0
+                blocking.frame_done(self.frames_unacked)  # frames still queued: no longer waiting
+                self.frames_unacked = 0
                 if self._parkable():
                     await self.parking.park(self._resume_token, ParkedSession(self.id, self.core, self.owner, self._ready))
                 else:
@@ -356,6 +359,8 @@ class Session:
             else:
                 self.read_ahead_bytes += size
                 self.waiting_messages += 1
+                self.frames_unacked += 1
+                blocking.frame_read()
                 return
         await self._shed(event)
 
@@ -401,6 +406,9 @@ class Session:
                     self.waiting_messages -= 1
                     self.read_ahead_bytes -= size
                     self.server_read_ahead.give(size)
+                    if isinstance(event, VideoFrame):
+                        self.frames_unacked -= 1
+                        blocking.frame_done()
 
     async def _on_frame(self, event: VideoFrame, received: float) -> None:
         """Check, decode once (off the loop, taking turns with other sessions), filter, ack."""

@@ -101,8 +101,8 @@ class Settings(BaseSettings):
         "frames beyond it are acked as overloaded"
     )
     intake_max_wait_ms: float = Field(
-        50.0, gt=0, description="a frame that cannot start decoding this long after it was read is acked as "
-        "overloaded (load shedding)"
+        25.0, gt=0, description="a frame that cannot start decoding this long after it was read is acked as "
+        "overloaded (load shedding); its ack comes about this long after the frame was read"
     )
     max_image_pixels: int = Field(
         3840 * 2160, ge=1024, description="largest frame in pixels (width x height), checked from the image "
