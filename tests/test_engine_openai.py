@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from anyio.abc import SocketAttribute, SocketStream
 
 from handlers.decoder import decode_image
 from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
+from server.bench_engine import vllm_api_server_command
 from server.engines.base import (
     AudioChunk,
     ChatTurn,
@@ -70,14 +70,10 @@ def start_vllm_server(model_dir: Path, port: int, log_path: Path, *, max_images:
                       max_model_len: int = 4096) -> subprocess.Popen:
     """Start vLLM's OpenAI-compatible server on the tiny model (prefix caching, an API key) and
     wait until it is healthy. Stop it with ``stop_vllm_server``."""
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--api-key", API_KEY, "--max-model-len", str(max_model_len),
-        "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
-        "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-        "--limit-mm-per-prompt", json.dumps({"image": max_images}),
-    ]
+    command = vllm_api_server_command(
+        model_dir, port, max_model_len=max_model_len, max_images=max_images, kv_cache_bytes=256 * 1024 * 1024,
+        api_key=API_KEY,
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
