@@ -411,7 +411,7 @@ class Session:
                         blocking.frame_done()
 
     async def _on_frame(self, event: VideoFrame, received: float) -> None:
-        """Check, decode once (off the loop, taking turns with other sessions), filter, ack."""
+        """Check and thumbnail (off the loop, taking turns with other sessions), filter, ack."""
         self.core.check_frame_size(event)
         receive_ms = now_ms() - (time.perf_counter() - received) * 1000  # when it was read, not dequeued
         side = self.core.capabilities.max_image_side
