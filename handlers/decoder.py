@@ -210,13 +210,13 @@ def turbo_decodable(img: Image.Image) -> bool:
     return img.getexif().get(_ORIENTATION_TAG, 1) not in _TURNING_ORIENTATIONS
 
 
-def decode_jpeg(data: bytes, size: tuple[int, int], max_side: int | None, *, pooled: bool = False) -> np.ndarray:
+def decode_jpeg(data: bytes, size: tuple[int, int], max_side: int | None) -> np.ndarray:
     """A plain JPEG (``turbo_decodable``) of ``size`` (width, height) decoded as
-    ``decode_image`` would, without parsing its header with Pillow again; TurboJPEG first,
-    Pillow when libjpeg-turbo warns. ``pooled``: the pixels take recycled memory (for a frame
-    that holds them until it is released). Raises ``ValueError`` as ``decode_image``."""
+    ``decode_image`` would, without parsing its header with Pillow again, into memory the
+    caller owns (not the pixel pool's); TurboJPEG first, Pillow when libjpeg-turbo warns.
+    Raises ``ValueError`` as ``decode_image``."""
     try:
-        return _fitted(_decode_turbo(data, size, max_side, pooled=pooled), max_side)
+        return _fitted(_decode_turbo(data, size, max_side, pooled=False), max_side)
     except ValueError:
         return decode_image(data, max_side)
 

@@ -174,7 +174,7 @@ def prepare_frame(data: str, frame_id: str | int | None, limits: IntakeLimits, m
         encoded = _kept_encoded(prepared, max_side)
         if encoded is not None:
             return encoded
-    return _opened(raw, frame_id, limits, max_side, heavy_later=True)
+    return _opened(raw, frame_id, limits, max_side, heavy_later=True, keep_encoded=size is None)
 
 
 def decode_prepared(
@@ -185,18 +185,21 @@ def decode_prepared(
     Raises:
         SessionError: ``invalid_image`` when the pixels cannot be decoded.
     """
-    if prepared.header.format == "jpeg":
+    plain = plain_jpeg_size(prepared.raw) is not None
+    if plain:
         encoded = _kept_encoded(prepared, max_side)
         if encoded is not None:
             return encoded
-    return _opened(prepared.raw, frame_id, limits, max_side, heavy_later=False)
+    return _opened(prepared.raw, frame_id, limits, max_side, heavy_later=False, keep_encoded=not plain)
 
 
 def _opened(
-    raw: bytes, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None, *, heavy_later: bool
+    raw: bytes, frame_id: str | int | None, limits: IntakeLimits, max_side: int | None, *, heavy_later: bool,
+    keep_encoded: bool,
 ) -> PreparedFrame:
     """The frame read by Pillow: header checked, then (unless heavy and ``heavy_later``) its
-    picture. Raises ``SessionError`` (``invalid_image``)."""
+    picture. ``keep_encoded`` False: its reduced decode already failed, so it is decoded in
+    full. Raises ``SessionError`` (``invalid_image``)."""
     checked = False
     try:
         with open_image(raw, max_pixels=limits.max_image_pixels, max_aspect_ratio=limits.max_image_aspect_ratio) as img:
@@ -205,7 +208,7 @@ def _opened(
             prepared = PreparedFrame(raw, content_key(raw), header, limits.is_heavy(header))
             if prepared.heavy and heavy_later:
                 return prepared  # finished by ``decode_prepared`` on the heavy pool
-            return _with_picture(prepared, img, max_side)
+            return _with_picture(prepared, img, max_side, keep_encoded)
     except ValueError as exc:
         raise _refused(exc, frame_id, checked) from None
 
@@ -222,12 +225,12 @@ def _kept_encoded(prepared: PreparedFrame, max_side: int | None) -> PreparedFram
     return _finished(prepared, FrameImage.encoded(prepared.raw, size, max_side), small, started)
 
 
-def _with_picture(prepared: PreparedFrame, img: Image.Image, max_side: int | None) -> PreparedFrame:
+def _with_picture(prepared: PreparedFrame, img: Image.Image, max_side: int | None, keep_encoded: bool) -> PreparedFrame:
     """The prepared frame with its picture and its similarity thumbnail, for an image opened
-    by Pillow: a plain JPEG stays encoded (``_kept_encoded``); anything else, or a JPEG
-    libjpeg-turbo warns about, is decoded once, at ``max_side``. Raises what the decoders
-    raise (``open_image`` makes it ``ValueError``)."""
-    if turbo_decodable(img):
+    by Pillow: a plain JPEG stays encoded (``_kept_encoded``, unless ``keep_encoded`` is
+    False); anything else, or a JPEG libjpeg-turbo warns about, is decoded once, at
+    ``max_side``. Raises what the decoders raise (``open_image`` makes it ``ValueError``)."""
+    if keep_encoded and turbo_decodable(img):
         encoded = _kept_encoded(prepared, max_side)
         if encoded is not None:
             return encoded

@@ -239,9 +239,10 @@ def run_intake(model: str | None, count: int) -> str:
         return "\n".join(lines)
 
 
-def _rss_mib(pid: int) -> float:
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process in bytes (Linux /proc); 0 when it is not reported."""
     with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+        return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
 
 
 async def _memory_per_session(url: str, pid: int, footage: list[str], sessions: int) -> str:
@@ -253,9 +254,9 @@ async def _memory_per_session(url: str, pid: int, footage: list[str], sessions: 
             await conn.send_frame(data, frame_id=n)
         return conn, sum(ack.accepted for ack in await conn.wait_acks(50))
 
-    before = _rss_mib(pid)
+    before = rss_bytes(pid) / 2**20
     opened = [await fill(i % max(1, len(footage) - 50)) for i in range(sessions)]
-    held = _rss_mib(pid)
+    held = rss_bytes(pid) / 2**20
     for conn, _ in opened:
         await conn.close()
     buffered = min(accepted for _, accepted in opened)

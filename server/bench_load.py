@@ -34,7 +34,7 @@ import websockets
 
 from handlers.protocol import ErrorEvent, FrameAck, FramesConsumed, ResponseDone, ResponseStart, ResponseTextDelta
 from server.background import serve_process
-from server.bench import _process_cpu_s
+from server.bench import _process_cpu_s, rss_bytes
 from server.connection import Connection, StreamError
 
 
@@ -182,13 +182,6 @@ async def _session(
         await conn.close()
 
 
-def _rss(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -266,13 +259,13 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
         frames = load_footage(120)
         asyncio.run(_run_round(url, frames, 1, fps, 2, 0))  # first-use costs (thread pools, model warm-up)
         time.sleep(1)
-        rss_before = _rss(proc.pid)
+        rss_before = rss_bytes(proc.pid)
         peak = [rss_before]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.is_set():
-                peak[0] = max(peak[0], _rss(proc.pid))
+                peak[0] = max(peak[0], rss_bytes(proc.pid))
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -288,7 +281,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
         time.sleep(1.5)
         stop.set()
         sampler.join()
-        rss_after = _rss(proc.pid)
+        rss_after = rss_bytes(proc.pid)
         lost = tally.sent - tally.acked - sum(v for k, v in tally.errors.items() if k in {"invalid_image", "frame_too_large"})
         mib = 1024 * 1024
         lines = [

@@ -208,3 +208,20 @@ async def test_frames_read_and_not_acked_count_as_busy_until_their_session_ends(
         while blocking.frames_busy():
             await anyio.sleep(0.05)
     assert blocking._frames_unacked == 0
+
+
+def test_a_heavy_jpeg_turned_by_exif_is_decoded_turned() -> None:
+    """A heavy JPEG with an EXIF orientation is finished on the heavy pool by a full decode
+    that applies the turn; it is never held encoded (its readers would decode it unturned)."""
+    from handlers.intake import decode_prepared
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, "JPEG", exif=exif.tobytes())
+    limits = IntakeLimits(heavy_image_pixels=1000)
+    prepared = prepare_frame(b64(buf.getvalue()), None, limits, 597)
+    assert prepared.heavy and prepared.image is None
+    done = decode_prepared(prepared, None, limits, 597)
+    assert done.image is not None and not done.image.lazy
+    assert done.image.pixels().shape == (64, 48, 3)
