@@ -257,7 +257,8 @@ class Session:
                 ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {self.admission.max_sessions} sessions"
             ))
             return False
-        await self._start(event)
+        async with self.admission.setting_up():
+            await self._start(event)
         if self.core.detector is not None and self.voice.vad is not None:
             self._vad_stream = self.voice.vad.open_stream()
         return True

@@ -169,7 +169,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def summary(request: Request) -> JSONResponse:
         if not access.http_key(request.headers, request.query_params):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
-        gc.collect()
+        if not sessions:
+            gc.collect()  # count only frames still held; never while sessions stream (it stalls them)
         return JSONResponse(
             {
                 "sessions": len(sessions),
@@ -199,8 +200,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     async def serve(ws: WebSocket, codec: WireCodec, protocol: str) -> None:
         """One session over ``ws``, speaking the wire protocol of ``codec``."""
-        verdict = access.check(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))
-        await ws.accept(subprotocol=verdict.subprotocol)
+        async with admission.setting_up():
+            verdict = access.check(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))
+            await ws.accept(subprotocol=verdict.subprotocol)
         transport = WebSocketTransport(ws, settings.max_message_bytes)
         if verdict.refusal is not None:
             log.info("refused a connection: %s", verdict.refusal.value)

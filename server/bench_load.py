@@ -70,6 +70,8 @@ class Tally:
     shed_ms: list[float] = field(default_factory=list)
     #: Of each ack's latency: client send -> the server reads the frame (wall clocks of one machine)
     to_intake_ms: list[float] = field(default_factory=list)
+    #: When each of ``ack_ms``'s frames was sent (wall clock), to tell ramp-up and wind-down apart
+    ack_sent_at: list[float] = field(default_factory=list)
     sent: int = 0
     acked: int = 0
     accepted: int = 0
@@ -112,6 +114,7 @@ async def _session(
                         if sent is not None and wall is not None:
                             latency = (time.perf_counter() - sent) * 1000
                             tally.ack_ms.append(latency)
+                            tally.ack_sent_at.append(wall)
                             tally.to_intake_ms.append(event.server_receive_ts_ms - wall * 1000)
                             tally.acked += 1
                             if event.accepted:
@@ -180,6 +183,22 @@ async def _session(
             pass
     finally:
         await conn.close()
+
+
+def _phases(tally: Tally, edge_s: float = 1.0) -> str:
+    """Ack p99 of the frames sent in the first second (while the sessions still connect), the
+    last second (while they close) and between: the storms of opens and closes apart from
+    the steady state."""
+    if not tally.ack_sent_at:
+        return "ack p99 by phase: no acks"
+    first, last = min(tally.ack_sent_at), max(tally.ack_sent_at)
+    phases: dict[str, list[float]] = {"first second": [], "steady": [], "last second": []}
+    for sent, latency in zip(tally.ack_sent_at, tally.ack_ms):
+        name = "first second" if sent < first + edge_s else "last second" if sent > last - edge_s else "steady"
+        phases[name].append(latency)
+    return "ack p99 by phase: " + ", ".join(
+        f"{name} {_percentile(values, 0.99):.1f} ms ({len(values)} acks)" for name, values in phases.items()
+    )
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -296,6 +315,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms; of which client send "
             f"-> server reads the frame p50/p99 {_percentile(tally.to_intake_ms, 0.5):.1f}/"
             f"{_percentile(tally.to_intake_ms, 0.99):.1f} ms; server event loop's worst lag {loop_lag_ms:.1f} ms",
+            _phases(tally),
             f"server CPU {1000 * cpu / max(tally.sent, 1):.2f} ms per frame sent "
             f"({cpu:.1f} s CPU; includes answers and the probe); load generator ({clients} processes) "
             f"{1000 * client_cpu / max(tally.sent, 1):.2f} ms per frame; load average {os.getloadavg()[0]:.1f}",

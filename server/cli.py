@@ -133,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p_load.add_argument("--serve-args", default="", help='more flags for the server, e.g. "--intake-max-wait-ms 30"')
     p_load.add_argument("--clients", type=int, default=2, help="load generator processes the sessions are split over")
 
+    p_storm = bench_sub.add_parser("storm", help="a session streaming while a hundred others connect and leave at once")
+    p_storm.add_argument("--model", default=None)
+    p_storm.add_argument("--sessions", type=int, default=100)
+    p_storm.add_argument("--rounds", type=int, default=3)
+
     p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
     p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
     p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
@@ -186,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every, args.serve_args.split(),
                            clients=args.clients))
+        elif args.bench == "storm":
+            from server.bench_storm import run_storm
+
+            print(run_storm(args.model, args.sessions, args.rounds))
         elif args.bench == "voice":
             from server.bench_voice import run_voice
 

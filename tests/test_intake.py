@@ -54,6 +54,27 @@ async def test_admission_pushes_out_the_longest_waiting_connection() -> None:
     assert admission.claim("c")
 
 
+async def test_new_connections_are_set_up_a_few_at_a_time() -> None:
+    """A storm of connections takes turns: at most ``setups`` are set up at once, and every
+    one of them gets its turn (a turn is held only for the setup work)."""
+    admission = Admission(max_sessions=100, max_pending=100, setups=2)
+    running, most, done = 0, 0, 0
+
+    async def set_up() -> None:
+        nonlocal running, most, done
+        async with admission.setting_up():
+            running += 1
+            most = max(most, running)
+            await anyio.sleep(0.001)
+            running -= 1
+        done += 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(set_up)
+    assert most == 2 and done == 20
+
+
 def test_header_checks_refuse_before_decoding() -> None:
     """Pixel count and aspect ratio are refused from the header, with a message a client may read."""
     limits = IntakeLimits(max_image_pixels=10_000, max_image_aspect_ratio=4)

@@ -1,0 +1,59 @@
+"""When freed memory goes back to the OS (``server/memory.py``): a full collection only once the
+last session has closed, never while others stream, and never skipped for the last one."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from server import memory
+from server.memory import MemoryReturn
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def releases(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each call of ``release_free_memory``, as its ``collect`` argument (nothing is trimmed)."""
+    calls: list[bool] = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda collect=True: calls.append(collect) or False)
+    return calls
+
+
+async def test_no_full_collection_while_sessions_remain(releases: list[bool]) -> None:
+    ret = MemoryReturn(interval_s=0)
+    await ret.session_closed(remaining=5)
+    await ret.session_closed(remaining=4)
+    await ret.session_closed(remaining=0)
+    assert releases == [False, False, True]
+
+
+async def test_trims_while_sessions_remain_at_most_once_per_interval(releases: list[bool]) -> None:
+    ret = MemoryReturn(interval_s=3600)
+    for remaining in (9, 8, 7):
+        await ret.session_closed(remaining=remaining)
+    assert releases == [False]
+    await ret.session_closed(remaining=0)  # the last one: whatever the interval
+    assert releases == [False, True]
+
+
+async def test_last_session_closing_during_a_trim_still_gets_a_full_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    started, finish = threading.Event(), threading.Event()
+    calls: list[bool] = []
+
+    def slow_release(collect: bool = True) -> bool:
+        calls.append(collect)
+        started.set()
+        finish.wait(10)
+        return False
+
+    monkeypatch.setattr(memory, "release_free_memory", slow_release)
+    ret = MemoryReturn(interval_s=0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ret.session_closed, 3)
+        await anyio.to_thread.run_sync(started.wait, 10)
+        await ret.session_closed(remaining=0)  # returns at once: a trim is running
+        finish.set()
+    assert calls == [False, True]
