@@ -33,7 +33,7 @@ from server.auth import AccessPolicy, client_key, warn_if_open
 from server.drain import drain_sessions
 from server.engines import create_engine
 from server.engines.base import Engine
-from server.memory import MemoryReturn
+from server.memory import MemoryReturn, set_huge_pages
 from server.logs import SessionLog
 from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
@@ -84,6 +84,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     access = AccessPolicy([k.get_secret_value() for k in settings.api_keys], settings.allowed_origins)
     warn_if_open(settings.host, access)
     blocking.configure(settings.decode_threads)
+    set_huge_pages(settings.transparent_huge_pages)
     pixel_pool.configure(settings.pixel_pool_bytes)
     limits = Limits(
         max_frame_bytes=settings.max_frame_bytes,

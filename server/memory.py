@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import sys
 import time
 
 import anyio
@@ -48,6 +49,43 @@ def _load_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 
 
 _malloc_trim = _load_trim()
+
+#: prctl(2) option: no transparent huge pages for this process (inherited by its children).
+PR_SET_THP_DISABLE = 41
+PR_GET_THP_DISABLE = 42
+
+
+def _prctl() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    name = ctypes.util.find_library("c")
+    if not name or not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(name, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def set_huge_pages(allowed: bool) -> bool:
+    """Allow or refuse transparent huge pages for this process (Linux; setting
+    ``transparent_huge_pages``); returns whether the process now refuses them.
+
+    numpy asks the kernel for huge pages (``madvise``) on every array of 4 MB or more, such
+    as the model's preprocessed images; khugepaged then collapses such regions in the
+    background, and each collapse holds the process's memory map lock: every thread of the
+    server that faults a page in or maps memory waits for it. Measured under 100 streaming
+    sessions: khugepaged ran 40-80 ms at a time, each time exactly when the acks of every
+    session stalled. Refusing huge pages costs the server little (its large arrays are
+    short-lived) and ends those stalls.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    if prctl(PR_SET_THP_DISABLE, 0 if allowed else 1, 0, 0, 0) != 0:
+        log.warning("could not %s transparent huge pages: errno %d", "allow" if allowed else "refuse", ctypes.get_errno())
+    return prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1
 
 
 def release_free_memory(collect: bool = True) -> bool:

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
         20.0, ge=0, le=1000, description="before each model step, the embedded engine waits while frames are "
         "being decoded, up to this long (0: never), so intake comes first on a full CPU"
     )
+    transparent_huge_pages: bool = Field(
+        False, description="let the kernel back the server's memory with transparent huge pages (Linux); off: "
+        "the process opts out, since khugepaged's page collapses stalled the whole server for 40-80 ms"
+    )
     model_nice: int = Field(
         10, ge=0, le=19, description="the embedded engine's model thread runs this many nice steps below the "
         "server (Linux), so intake and acks come first when the cores are full"

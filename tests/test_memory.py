@@ -4,6 +4,7 @@ last session has closed, never while others stream, and never skipped for the la
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import anyio
 import pytest
@@ -57,3 +58,24 @@ async def test_last_session_closing_during_a_trim_still_gets_a_full_one(monkeypa
         await ret.session_closed(remaining=0)  # returns at once: a trim is running
         finish.set()
     assert calls == [False, True]
+
+
+def test_the_server_refuses_transparent_huge_pages_unless_allowed(tiny_model_dir: Path) -> None:
+    """transparent_huge_pages reaches the process: off (the default) the kernel reports THP
+    disabled for it (``/proc/self/status``), on it is allowed again."""
+    from server.app import create_app
+    from server.settings import Settings
+
+    def thp_enabled() -> str:
+        for line in open("/proc/self/status"):
+            if line.startswith("THP_enabled:"):
+                return line.split()[1]
+        raise AssertionError("this kernel reports no THP_enabled in /proc/self/status")
+
+    try:
+        create_app(Settings(model=str(tiny_model_dir), transparent_huge_pages=True))
+        assert thp_enabled() == "1"
+        create_app(Settings(model=str(tiny_model_dir)))
+        assert thp_enabled() == "0"
+    finally:
+        memory.set_huge_pages(False)  # as every server of this test process has it
