@@ -245,6 +245,16 @@ def rss_bytes(pid: int) -> int:
         return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
 
 
+def huge_page_bytes(pid: int) -> int:
+    """Anonymous memory of a process backed by transparent huge pages, in bytes (Linux
+    /proc); 0 when it is not reported."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            return next((int(line.split()[1]) * 1024 for line in rollup if line.startswith("AnonHugePages:")), 0)
+    except OSError:
+        return 0
+
+
 async def _memory_per_session(url: str, pid: int, footage: list[str], sessions: int) -> str:
     """The server's RSS growth per open session holding 50 buffered 640x480 footage frames."""
 

@@ -11,7 +11,7 @@ same way and asks questions whose time to first output is reported.
 Printed: ack latency p50/p99 (client send -> ack received), acks lost (frames never
 answered), sessions closed by the server, frames accepted/filtered/shed, server CPU per
 frame (and the load generator's CPU), server RSS before, at peak and after every session
-closed, and the probe's TTFT.
+closed, the server's memory in transparent huge pages, and the probe's TTFT.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import websockets
 
 from handlers.protocol import ErrorEvent, FrameAck, FramesConsumed, ResponseDone, ResponseStart, ResponseTextDelta
 from server.background import serve_process
-from server.bench import _process_cpu_s, rss_bytes
+from server.bench import _process_cpu_s, huge_page_bytes, rss_bytes
 from server.connection import Connection, StreamError
 
 
@@ -293,6 +293,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
         httpx.get(base + "/metrics.json", timeout=10)  # starts the event loop's worst-lag window
         tally, client_cpu = _run_clients(url, frames, sessions, fps, seconds, ask_every_s, clients)
         cpu = _process_cpu_s(proc.pid) - cpu0
+        huge = huge_page_bytes(proc.pid)  # read once, after the load: reading it takes the memory map lock
         loop_lag_ms = httpx.get(base + "/metrics.json", timeout=10).json()["event_loop_lag_max_ms"]
         deadline = time.monotonic() + 30
         while httpx.get(base + "/metrics.json", timeout=10).json()["sessions"] and time.monotonic() < deadline:
@@ -320,7 +321,8 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"({cpu:.1f} s CPU; includes answers and the probe); load generator ({clients} processes) "
             f"{1000 * client_cpu / max(tally.sent, 1):.2f} ms per frame; load average {os.getloadavg()[0]:.1f}",
             f"server RSS before {rss_before / mib:.0f} MiB, peak {peak[0] / mib:.0f} MiB, "
-            f"after all sessions closed {rss_after / mib:.0f} MiB (after - before {(rss_after - rss_before) / mib:+.0f} MiB)",
+            f"after all sessions closed {rss_after / mib:.0f} MiB (after - before {(rss_after - rss_before) / mib:+.0f} MiB); "
+            f"in transparent huge pages at the end of the load {huge / mib:.0f} MiB",
             f"answers {tally.statuses or 'none'}; probe TTFT median "
             f"{statistics.median(tally.probe_ttft_ms) if tally.probe_ttft_ms else float('nan'):.0f} ms "
             f"over {len(tally.probe_ttft_ms)} questions; errors {tally.errors or 'none'}",

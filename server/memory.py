@@ -34,38 +34,27 @@ log = logging.getLogger("livesight.memory")
 TRIM_INTERVAL_S = 10.0
 
 
-def _load_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    name = ctypes.util.find_library("c")
-    if not name:
+def _libc(name: str, *argtypes: type) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The C library's function ``name`` (returning int), or None without glibc on Linux."""
+    path = ctypes.util.find_library("c")
+    if not path or not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
+        function = getattr(ctypes.CDLL(path, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function
 
 
-_malloc_trim = _load_trim()
+_malloc_trim = _libc("malloc_trim", ctypes.c_size_t)
+_prctl = _libc("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
 
-#: prctl(2) option: no transparent huge pages for this process (inherited by its children).
+#: prctl(2) options: refuse transparent huge pages for this process (inherited by its
+#: children), and read that state back.
 PR_SET_THP_DISABLE = 41
 PR_GET_THP_DISABLE = 42
-
-
-def _prctl() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(name, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
 
 
 def set_huge_pages(allowed: bool) -> bool:
@@ -80,12 +69,11 @@ def set_huge_pages(allowed: bool) -> bool:
     session stalled. Refusing huge pages costs the server little (its large arrays are
     short-lived) and ends those stalls.
     """
-    prctl = _prctl()
-    if prctl is None:
+    if _prctl is None:
         return False
-    if prctl(PR_SET_THP_DISABLE, 0 if allowed else 1, 0, 0, 0) != 0:
+    if _prctl(PR_SET_THP_DISABLE, 0 if allowed else 1, 0, 0, 0) != 0:
         log.warning("could not %s transparent huge pages: errno %d", "allow" if allowed else "refuse", ctypes.get_errno())
-    return prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1
+    return _prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1
 
 
 def release_free_memory(collect: bool = True) -> bool:
