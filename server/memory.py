@@ -93,7 +93,7 @@ class MemoryReturn:
 
     def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
         self.interval_s = interval_s
-        self._last = 0.0
+        self._last: float | None = None  # no trim yet (the monotonic clock may be near zero after a boot)
         self._running = False
         self._full_wanted = False  # the last session closed while a trim ran: one more, full
         self.trims = 0
@@ -102,7 +102,7 @@ class MemoryReturn:
         """Call after a session has ended and released its buffers (``remaining``: sessions
         still open). The last one to close always gets a full collection and trim, even when
         it closes while an earlier trim is running."""
-        if remaining and time.monotonic() - self._last < self.interval_s:
+        if remaining and self._last is not None and time.monotonic() - self._last < self.interval_s:
             return
         self._full_wanted = self._full_wanted or remaining == 0
         if self._running:
