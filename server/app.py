@@ -17,27 +17,28 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from handlers import blocking, pixel_pool
-from handlers.core import Limits
-from handlers.errors import CLOSE_CODES, ErrorCode
-from handlers.frames import live_frame_count
-from handlers.intake import Admission, IntakeLimits, ReadAhead
-from handlers.observer import Observers
-from handlers.protocol import ErrorEvent
-from handlers.resume import ParkedSession, ParkingLot, digest
-from handlers.codec import V1Codec, WireCodec
+from handlers.media import pixel_pool
+from server import blocking
+from handlers.core.session_core import Limits
+from handlers.wire.errors import CLOSE_CODES, ErrorCode
+from handlers.core.frames import live_frame_count
+from handlers.session.intake import Admission, IntakeLimits, ReadAhead
+from handlers.session.observer import Observers
+from handlers.wire.protocol import ErrorEvent
+from handlers.session.resume import ParkedSession, ParkingLot, digest
+from handlers.wire.codec import V1Codec, WireCodec
 from handlers.realtime import RealtimeCodec
-from handlers.session import Session
-from handlers.transport import Disconnected
+from handlers.session.adapter import Session
+from handlers.session.transport import Disconnected
 from server.auth import AccessPolicy, client_key, warn_if_open
 from server.drain import drain_sessions
-from server.engines import create_engine
+from server.engines.factory import create_engine
 from server.engines.base import Engine
 from server.memory import MemoryReturn, set_huge_pages
 from server.logs import SessionLog
 from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
-from server.speech import create_voice
+from server.speech.factory import create_voice
 
 log = logging.getLogger("livesight.server")
 #: How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from handlers.errors import ErrorCode
+from handlers.wire.errors import ErrorCode
 
 log = logging.getLogger("livesight.server")
 

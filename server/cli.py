@@ -71,7 +71,7 @@ def stream(args: argparse.Namespace) -> int:
 
     from websockets.exceptions import WebSocketException
 
-    from server.client import Question, StreamError, run_stream
+    from server.client.stream import Question, StreamError, run_stream
 
     sampling = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature)) if v is not None}
     config = {
@@ -162,45 +162,45 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         serve(_settings(args))
     elif args.command == "make-tiny-model":
-        from server.tiny_model import make_tiny_model
+        from server.models.tiny import make_tiny_model
 
         path = make_tiny_model(args.dir, family=args.family, init_std=args.init_std, seed=args.seed)
         print(f"wrote a random-weight {args.family} model to {path}")
     elif args.command == "bench":
-        from server.bench import run_ttft
+        from server.bench.ttft import run_ttft
 
         logging.basicConfig(level="WARNING")
         if args.bench == "ttft" and args.conversation:
-            from server.bench_conversation import run_conversation
+            from server.bench.conversation import run_conversation
 
             print(run_conversation(args.model, [int(n) for n in args.frames.split(",")], args.queries))
         elif args.bench == "ttft":
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
         elif args.bench == "engine":
-            from server.bench_engine import run_engine
+            from server.bench.engine import run_engine
 
             counts = [int(n) for n in args.frames.split(",")]
             print(run_engine(counts, args.fps, args.modes.split(","), args.max_warmups_per_s))
         elif args.bench == "fuzz":
-            from server.bench_fuzz import run_fuzz
+            from server.bench.fuzz import run_fuzz
 
             print(run_fuzz(args.model, args.messages, args.seed))
         elif args.bench == "load":
-            from server.bench_load import run_load
+            from server.bench.load import run_load
 
             print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every, args.serve_args.split(),
                            clients=args.clients))
         elif args.bench == "storm":
-            from server.bench_storm import run_storm
+            from server.bench.storm import run_storm
 
             print(run_storm(args.model, args.sessions, args.rounds))
         elif args.bench == "voice":
-            from server.bench_voice import run_voice
+            from server.bench.voice import run_voice
 
             print(run_voice(args.model, args.answers, args.max_tokens))
         else:
-            from server.bench import run_intake
+            from server.bench.ttft import run_intake
 
             print(run_intake(args.model, args.frames))
     return 0

@@ -1,7 +1,7 @@
 """Logging: text or JSON lines, each carrying the session and answer it is about.
 
 ``configure_logging`` installs one handler on the root logger (uvicorn's loggers propagate to
-it). Its filter copies ``handlers.log_context`` onto every record as ``session_id`` and
+it). Its filter copies ``handlers.session.log_context`` onto every record as ``session_id`` and
 ``request_id``; the text format appends them as ``session=... request=...``, the JSON format
 as fields. ``SessionLog`` is the session observer that writes a line when a session opens,
 when an answer ends and when the session closes.
@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Literal
 
-from handlers import log_context
-from handlers.observer import SessionObserver
-from handlers.protocol import ResponseDone, ServerEvent, SessionReady
+from handlers.session import log_context
+from handlers.session.observer import SessionObserver
+from handlers.wire.protocol import ResponseDone, ServerEvent, SessionReady
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s"
 

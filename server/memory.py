@@ -26,7 +26,7 @@ import time
 
 import anyio
 
-from handlers.pixel_pool import POOL
+from handlers.media.pixel_pool import POOL
 
 log = logging.getLogger("livesight.memory")
 

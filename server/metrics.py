@@ -1,7 +1,7 @@
 """Prometheus metrics: one registry per app, fed by each session through its observer.
 
 ``GET /metrics`` serves ``Metrics.render()`` in the text exposition format. The session core
-reports through ``handlers.observer.SessionObserver``; ``SessionMetrics`` is the
+reports through ``handlers.session.observer.SessionObserver``; ``SessionMetrics`` is the
 implementation that turns those calls into counters, gauges and histograms. Every metric is
 documented in docs/metrics.md.
 """
@@ -17,9 +17,9 @@ from collections.abc import Callable
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from handlers.errors import ErrorCode
-from handlers.observer import FrameOutcome, SessionObserver
-from handlers.protocol import (
+from handlers.wire.errors import ErrorCode
+from handlers.session.observer import FrameOutcome, SessionObserver
+from handlers.wire.protocol import (
     AudioChunkIn,
     ClientEvent,
     ErrorEvent,

@@ -22,9 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
 from server.background import RunningServer, ServerAddress, run_server  # noqa: E402
-from server.connection import Connection, Received  # noqa: E402
+from server.client.connection import Connection, Received  # noqa: E402
 from server.settings import Settings  # noqa: E402
-from server.tiny_model import make_tiny_model  # noqa: E402
+from server.models.tiny import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from typing import Any
 
 import anyio
 
-from handlers.transport import Disconnected
-from server.connection import collect_until
+from handlers.session.transport import Disconnected
+from server.client.connection import collect_until
 from server.engines.base import (
     Capabilities,
     Engine,

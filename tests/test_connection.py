@@ -1,4 +1,4 @@
-"""The package's protocol client (server/connection.py): what its typed senders put on the
+"""The package's protocol client (server/client/connection.py): what its typed senders put on the
 wire, how it reads events back, and a session with the real server."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from handlers.protocol import FrameAck, ResponseDone, SessionReady, parse_client_event
-from server.connection import Connection, StreamError, UnknownEvent, audio_chunk, collect_until, video_frame
+from handlers.wire.protocol import FrameAck, ResponseDone, SessionReady, parse_client_event
+from server.client.connection import Connection, StreamError, UnknownEvent, audio_chunk, collect_until, video_frame
 from tests.conftest import RunningServer, jpeg_frame
 
 pytestmark = pytest.mark.anyio

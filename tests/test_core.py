@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from handlers.frame_image import FrameImage
-from handlers.core import Limits, Phase, SessionCore
-from handlers.errors import ErrorCode, SessionError
-from handlers.frames import Frame, content_key
-from handlers.prompt import Exchange, build_prompt
-from handlers.protocol import SessionConfig, VideoFrame, VideoQuery, parse_client_event
-from handlers.timeline import INTERRUPTED_MARK, Timeline, TimelineTurn
-from handlers.similarity import thumbnail
+from handlers.media.frame_image import FrameImage
+from handlers.core.session_core import Limits, Phase, SessionCore
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.core.frames import Frame, content_key
+from handlers.core.prompt import Exchange, build_prompt
+from handlers.wire.protocol import SessionConfig, VideoFrame, VideoQuery, parse_client_event
+from handlers.core.timeline import INTERRUPTED_MARK, Timeline, TimelineTurn
+from handlers.core.similarity import thumbnail
 from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextSegment
 from tests.conftest import b64, jpeg_frame
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from handlers.commands import (
+from handlers.wire.commands import (
     AnswerRequest,
     AudioCommitted,
     ClearAudio,
@@ -19,14 +19,14 @@ from handlers.commands import (
     RetrieveItem,
     UserInput,
 )
-from handlers.core import Limits, SessionCore, VoicePaths
-from handlers.errors import ErrorCode, SessionError
-from handlers.frame_image import FrameImage
-from handlers.frames import content_key
-from handlers.protocol import ResponseAudioDelta, ResponseDone, SessionConfig, Timings, VideoFrame
+from handlers.core.session_core import Limits, SessionCore, VoicePaths
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.media.frame_image import FrameImage
+from handlers.core.frames import content_key
+from handlers.wire.protocol import ResponseAudioDelta, ResponseDone, SessionConfig, Timings, VideoFrame
 from handlers.realtime import RealtimeCodec
 from handlers.realtime.audio import audio_in, g711_decode, g711_encode
-from handlers.similarity import thumbnail
+from handlers.core.similarity import thumbnail
 from server.engines.base import Capabilities, TextSegment
 from server.speech.wav import encode_wav
 from tests.conftest import b64, jpeg_frame
@@ -193,9 +193,9 @@ def test_turn_detection_policy_holds_spoken_questions() -> None:
     """create_response off, or speech over an answer that interrupt_response protects: the
     spoken question waits as an input under its speech item id; its words replace its audio
     and the next question (v1 video.query or response.create) takes them."""
-    from handlers.core import SpokenQuestion
-    from handlers.protocol import VideoQuery
-    from handlers.turn_detection import SpeechStarted
+    from handlers.core.session_core import SpokenQuestion
+    from handlers.wire.protocol import VideoQuery
+    from handlers.core.turn_detection import SpeechStarted
 
     core = _core(turn_detection={"type": "server_vad", "create_response": False})
     assert not core.answers_speech(answering=False) and core.speech_interrupts

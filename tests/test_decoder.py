@@ -13,10 +13,10 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from handlers.decoder import RESIZE_SLACK, decode_image, sniff_format
-from handlers.errors import ErrorCode, SessionError
-from handlers.intake import IntakeLimits, prepare_frame
-from server.bench_load import load_footage
+from handlers.media.decoder import RESIZE_SLACK, decode_image, sniff_format
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.session.intake import IntakeLimits, prepare_frame
+from server.bench.load import load_footage
 
 
 def encode(image: Image.Image, fmt: str, **options: object) -> bytes:
@@ -264,9 +264,9 @@ def test_released_frame_memory_is_reused_only_when_unshared() -> None:
     them; pixels still referenced elsewhere are never recycled."""
     import weakref
 
-    from handlers.frame_image import FrameImage
-    from handlers.frames import Frame
-    from handlers.pixel_pool import POOL
+    from handlers.media.frame_image import FrameImage
+    from handlers.core.frames import Frame
+    from handlers.media.pixel_pool import POOL
 
     data = encode(gradient(64, 48), "JPEG")
     POOL.clear()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from handlers.errors import ErrorCode
-from handlers.protocol import CLIENT_TYPES
+from handlers.wire.errors import ErrorCode
+from handlers.wire.protocol import CLIENT_TYPES
 from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def test_session_doc_shows_the_transition_table() -> None:
     """docs/session.md's table of turn states holds exactly the lifecycle's transitions."""
     import re
 
-    from handlers.lifecycle import TRANSITIONS
+    from handlers.core.lifecycle import TRANSITIONS
 
     text = (ROOT / "docs" / "session.md").read_text()
     rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \|", text, flags=re.M)

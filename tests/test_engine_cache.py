@@ -24,16 +24,16 @@ import pytest
 import torch
 from PIL import Image
 
-from handlers.frame_image import FrameImage
-from handlers.frames import Frame, content_key
-from handlers.prompt import Exchange, build_prompt, render_timeline
-from handlers.timeline import INTERRUPTED_MARK, Timeline, interrupted_answer
+from handlers.media.frame_image import FrameImage
+from handlers.core.frames import Frame, content_key
+from handlers.core.prompt import Exchange, build_prompt, render_timeline
+from handlers.core.timeline import INTERRUPTED_MARK, Timeline, interrupted_answer
 from server.engines import transformers_engine
 from server.engines.base import ImageSegment, Prompt, Sampling, TextDelta, TextSegment, Usage
 from server.engines.hf_loading import load_model, load_processor
 from server.engines.prompt_encoding import Piece
 from server.engines.transformers_engine import TransformersEngine
-from server.tiny_model import make_tiny_model
+from server.models.tiny import make_tiny_model
 
 pytestmark = pytest.mark.anyio
 

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from anyio.abc import SocketAttribute, SocketStream
 
-from handlers.decoder import decode_image
+from handlers.media.decoder import decode_image
 from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
-from server.bench_engine import vllm_api_server_command
+from server.bench.engine import vllm_api_server_command
 from server.engines.base import (
     AudioChunk,
     ChatTurn,

@@ -7,8 +7,8 @@ import gc
 import pytest
 import numpy as np
 
-from handlers.frame_image import FrameImage
-from handlers.frames import Frame, FrameBuffer, content_key, live_frame_count
+from handlers.media.frame_image import FrameImage
+from handlers.core.frames import Frame, FrameBuffer, content_key, live_frame_count
 
 
 def make_frame(seq: int, payload: bytes | None = None, *, image: bool = False) -> Frame:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.bench_fuzz import FRAME, fuzz, hostile_images, wait_for_clean_metrics
+from server.bench.fuzz import FRAME, fuzz, hostile_images, wait_for_clean_metrics
 from tests.conftest import RunningServer
 
 EXAMPLES = 2_000

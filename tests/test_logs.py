@@ -50,7 +50,7 @@ async def test_json_lines_carry_session_and_request_ids(server: RunningServer) -
 
 def test_text_lines_end_with_the_ids() -> None:
     """The text format appends [session=... request=...] to lines written inside a session."""
-    from handlers import log_context
+    from handlers.session import log_context
 
     out = io.StringIO()
     logger = logging.getLogger("livesight.test_text")

@@ -9,7 +9,7 @@ import time
 import anyio
 import pytest
 
-from handlers import blocking
+from server import blocking
 from server.engines.model_thread import ModelThread
 
 pytestmark = pytest.mark.anyio

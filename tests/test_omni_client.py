@@ -38,7 +38,7 @@ import websockets
 from PIL import Image
 from websockets.exceptions import ConnectionClosedOK
 
-from server.bench_voice import speak_clip
+from server.bench.voice import speak_clip
 from tests.conftest import RunningServer
 
 pytestmark = pytest.mark.anyio

@@ -14,11 +14,11 @@ from openai import AsyncOpenAI
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from server.background import run_server
-from server.bench_voice import speak_clip
-from server.connection import collect_until
+from server.bench.voice import speak_clip
+from server.client.connection import collect_until
 from server.settings import Settings
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
-from handlers.protocol import SERVER_TYPES, parse_server_event
+from handlers.wire.protocol import SERVER_TYPES, parse_server_event
 from tests.conftest import RunningServer, b64, connect, jpeg_frame, tiny_model_path_for_module
 
 pytestmark = pytest.mark.anyio

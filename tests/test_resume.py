@@ -10,7 +10,7 @@ import httpx
 import pytest
 import websockets
 
-from handlers.resume import ParkedSession, ParkingLot
+from handlers.session.resume import ParkedSession, ParkingLot
 from server.background import RunningServer, run_server
 from server.settings import Settings
 from tests.conftest import Client, b64, jpeg_frame
@@ -144,7 +144,7 @@ async def test_parking_lot_is_bounded_and_releases_the_oldest() -> None:
 async def test_stream_client_resumes_by_itself(resuming: RunningServer) -> None:
     """StreamClient after a dropped connection: the same session back, a frame sent meanwhile
     delivered after the resume, and the next question answered over all the frames."""
-    from server.client import StreamClient
+    from server.client.stream import StreamClient
 
     config = {"enable_frame_filter": False, "sampling": {"max_tokens": 3, "temperature": 0}}
     async with StreamClient.connect(resuming.ws_url, config, api_key="key-a") as client:

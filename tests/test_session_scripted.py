@@ -5,9 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from handlers.core import Limits
-from handlers.frames import live_frame_count
-from handlers.session import Session
+from handlers.core.session_core import Limits
+from handlers.core.frames import live_frame_count
+from handlers.session.adapter import Session
 from tests.conftest import b64, jpeg_frame
 from tests.scripted import MemoryTransport, ScriptedEngine, image_keys
 

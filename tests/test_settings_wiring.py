@@ -32,7 +32,7 @@ def test_max_cached_images_reaches_the_engine(tiny_model_dir: Path) -> None:
     """max_cached_images sizes the transformers engine's pixel cache."""
     import anyio
 
-    from server.engines import create_engine
+    from server.engines.factory import create_engine
 
     engine = create_engine(Settings(model=str(tiny_model_dir), max_cached_images=3))
     anyio.run(engine.start)
@@ -50,7 +50,7 @@ def test_model_nice_reaches_the_models_workers(tiny_model_dir: Path) -> None:
     import anyio
     import torch
 
-    from server.engines import create_engine
+    from server.engines.factory import create_engine
     from server.engines.base import ChatTurn, Prompt, TextSegment
 
     base = os.getpriority(os.PRIO_PROCESS, 0)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from handlers.decoder import decode_image
-from handlers.similarity import (
+from handlers.media.decoder import decode_image
+from handlers.core.similarity import (
     DEFAULT_THRESHOLD,
     FilterDecision,
     SimilarityFilter,
@@ -19,7 +19,7 @@ from handlers.similarity import (
     thumbnail,
     thumbnail_of,
 )
-from server.bench_load import load_footage
+from server.bench.load import load_footage
 
 WIDTH, HEIGHT = 320, 240
 

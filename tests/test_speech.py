@@ -9,10 +9,10 @@ import wave
 import numpy as np
 import pytest
 
-from handlers.core import Limits, SessionCore, SpokenQuestion, VoicePaths
-from handlers.protocol import SessionConfig, VideoQuery
-from handlers.speech import NativeAudioTrim, SentenceSplitter, speakable
-from handlers.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
+from handlers.core.session_core import Limits, SessionCore, SpokenQuestion, VoicePaths
+from handlers.wire.protocol import SessionConfig, VideoQuery
+from handlers.session.voice import NativeAudioTrim, SentenceSplitter, speakable
+from handlers.core.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
 from server.engines.base import Capabilities
 from server.speech.wav import Pcm, encode_wav, parse_wav, resample, trim_leading
 from tests.conftest import b64, jpeg_frame
@@ -198,9 +198,9 @@ def test_long_speech_keeps_the_newest_audio_instead_of_failing() -> None:
 
 
 def _frame_args(seed: int):
-    from handlers.frames import content_key
-    from handlers.protocol import VideoFrame
-    from handlers.similarity import thumbnail
+    from handlers.core.frames import content_key
+    from handlers.wire.protocol import VideoFrame
+    from handlers.core.similarity import thumbnail
 
     data = jpeg_frame(seed)
     event = VideoFrame(type="video.frame", data=b64(data), frame_id=seed)

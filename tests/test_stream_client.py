@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from server.cli import main
-from server.client import Question, StreamClient, StreamError, folder_frames, stream_source, video_frames
+from server.client.stream import Question, StreamClient, StreamError, folder_frames, stream_source, video_frames
 from tests.conftest import RunningServer, jpeg_frame
 
 CONFIG = {"enable_frame_filter": False, "sampling": {"max_tokens": 6}}

@@ -12,7 +12,7 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from server.engines.hf_loading import load_model, load_processor, model_family
-from server.tiny_model import DEMO_MARKER, FAMILIES, is_demo_model, make_tiny_model
+from server.models.tiny import DEMO_MARKER, FAMILIES, is_demo_model, make_tiny_model
 
 # Image tokens for one 320x240 frame: Qwen2.5-VL covers 28x28 px per token (9x11 grid),
 # Idefics3 always gives 256 (one 256 px image, no splitting).

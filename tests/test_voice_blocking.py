@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from server.bench_voice import speak_clip
+from server.bench.voice import speak_clip
 from tests.conftest import Client, RunningServer, b64, connect
 
 pytestmark = pytest.mark.anyio

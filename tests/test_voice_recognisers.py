@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from server.background import run_server
-from server.bench_voice import speak_clip
+from server.bench.voice import speak_clip
 from server.settings import Settings
 from server.speech.base import SpeechError
 from server.speech.pocketsphinx_asr import PocketsphinxTranscriber

@@ -11,8 +11,8 @@ import anyio
 import numpy as np
 import pytest
 
-from handlers.core import Limits
-from handlers.session import Session
+from handlers.core.session_core import Limits
+from handlers.session.adapter import Session
 from server.engines.base import AudioChunk, AudioSegment, Capabilities, EngineEvent, Finished, Prompt, Sampling, TextDelta, Usage
 from server.speech.base import SpeechError, Synthesizer, Transcriber, VadStream, Voice, VoiceActivityModel
 from server.speech.wav import encode_wav, parse_wav

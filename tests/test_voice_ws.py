@@ -8,7 +8,7 @@ import base64
 import anyio
 import pytest
 
-from server.bench_voice import VoiceClient, barge_in, speak_clip, wav_info
+from server.bench.voice import VoiceClient, barge_in, speak_clip, wav_info
 from server.speech.base import SpeechError
 from server.speech.espeak import EspeakSynthesizer
 from tests.conftest import RunningServer

@@ -11,7 +11,7 @@ import pytest
 
 from server.background import RunningServer, run_server
 from server.settings import Settings
-from server.tiny_model import make_tiny_model
+from server.models.tiny import make_tiny_model
 from tests.conftest import connect
 
 pytestmark = pytest.mark.anyio

@@ -13,8 +13,8 @@ import base64
 
 import numpy as np
 
-from handlers.core import decode_base64
-from handlers.errors import ErrorCode, SessionError
+from handlers.core.session_core import decode_base64
+from handlers.wire.errors import ErrorCode, SessionError
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, parse_wav, resample
 
 RATES = {"audio/pcm": OUTPUT_RATE, "audio/pcmu": 8000, "audio/pcma": 8000}

@@ -23,8 +23,8 @@ import logging
 import uuid
 from typing import Any
 
-from handlers.codec import CoreInput
-from handlers.commands import (
+from handlers.wire.codec import CoreInput
+from handlers.wire.commands import (
     AnswerRequest,
     AudioCleared,
     AudioCommitted,
@@ -40,8 +40,8 @@ from handlers.commands import (
     RetrieveItem,
     UserInput,
 )
-from handlers.errors import ErrorCode, SessionError
-from handlers.protocol import (
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.protocol import (
     AudioChunkIn,
     ErrorEvent,
     FrameAck,
@@ -59,7 +59,7 @@ from handlers.protocol import (
     SessionReady,
     VideoFrame,
 )
-from handlers.protocol import ResponseCancel as CoreCancel
+from handlers.wire.protocol import ResponseCancel as CoreCancel
 from handlers.realtime import events as rt
 from handlers.realtime.audio import audio_in, audio_out
 

@@ -46,7 +46,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from handlers.errors import ErrorCode, SessionError
+from handlers.wire.errors import ErrorCode, SessionError
 
 Modality = Literal["text", "audio"]
 FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]

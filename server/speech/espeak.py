@@ -14,7 +14,7 @@ import threading
 
 import anyio
 
-from handlers import blocking
+from server import blocking
 from server.speech.base import SpeechError, Synthesizer
 from server.speech.wav import OUTPUT_RATE, Pcm, resample
 

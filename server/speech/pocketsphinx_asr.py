@@ -35,7 +35,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import Process
 
-from handlers import blocking
+from server import blocking
 from server.speech import sphinx_worker as wire
 from server.speech.base import SpeechError, Transcriber, TranscriptStream
 

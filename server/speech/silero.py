@@ -11,7 +11,7 @@ import os
 import anyio
 import numpy as np
 
-from handlers import blocking
+from server import blocking
 from server.speech.base import SpeechError, VadStream, VoiceActivityModel
 
 WINDOW = 512  # samples at 16 kHz: 32 ms

@@ -1,0 +1,102 @@
+"""Rendering the session's timeline (``timeline.py``) as a prompt.
+
+One renderer builds every prompt of a session: system prompt, older questions and answers as
+text, the live turns (a user turn with the frames that arrived since the previous turn, each
+optionally preceded by its time in seconds since the session's first frame, then the
+question; an assistant turn with the answer), then the open user turn: the frames since the
+last question and, for a query, its audio and question. Without a question the open turn is
+left open: that is the warm prefix, always a true prefix of the next query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from handlers.core.frames import Frame
+from handlers.core.timeline import Exchange, TimelineTurn
+from server.engines.base import (
+    AudioSegment,
+    ChatTurn,
+    ImageSegment,
+    Prompt,
+    Segment,
+    TextSegment,
+)
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Exchange", "build_prompt", "frame_time_s", "render_timeline"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant watching a live video stream. The frames are shown in "
+    "order with their time in seconds. Answer about what the camera shows, briefly."
+)
+
+
+def frame_time_s(frame: Frame, origin: Frame) -> float:
+    """Seconds since the session's first frame: from client pts when both have one."""
+    if frame.pts_ms is not None and origin.pts_ms is not None:
+        return max(0.0, (frame.pts_ms - origin.pts_ms) / 1000.0)
+    return max(0.0, (frame.receive_ts_ms - origin.receive_ts_ms) / 1000.0)
+
+
+def _frame_segments(frames: Sequence[Frame], origin: Frame | None, timestamps: bool) -> list[Segment]:
+    segments: list[Segment] = []
+    for frame in frames:
+        if frame.image is None:
+            raise ValueError(f"frame {frame.seq} is not decoded")
+        if timestamps and origin is not None:
+            segments.append(TextSegment(f"[{frame_time_s(frame, origin):.1f}s]"))
+        segments.append(ImageSegment(frame.key, frame.image, frame.data))
+    return segments
+
+
+def _user_turn(segments: list[Segment], audio: AudioSegment | None, question: str) -> ChatTurn:
+    segments = list(segments)
+    if audio is not None:
+        segments.append(audio)
+    segments.append(TextSegment("\n" + question if segments else question))
+    return ChatTurn("user", tuple(segments))
+
+
+def render_timeline(
+    *,
+    system_prompt: str | None,
+    history: Sequence[Exchange],
+    turns: Sequence[TimelineTurn],
+    open_frames: Sequence[Frame],
+    origin: Frame | None,
+    timestamps: bool,
+    audio: AudioSegment | None = None,
+    question: str | None = None,
+) -> Prompt:
+    """Return the prompt; without ``question`` it is an open warm prefix.
+
+    Frames must be decoded (``frame.image`` set); raises ``ValueError`` otherwise.
+    """
+    out = [ChatTurn("system", (TextSegment(system_prompt or DEFAULT_SYSTEM_PROMPT),))]
+    for past in history:
+        out.append(ChatTurn("user", (TextSegment(past.question),)))
+        out.append(ChatTurn("assistant", (TextSegment(past.answer),)))
+    for turn in turns:
+        out.append(_user_turn(_frame_segments(turn.frames, origin, timestamps), None, turn.question))
+        out.append(ChatTurn("assistant", (TextSegment(turn.answer),)))
+    segments = _frame_segments(open_frames, origin, timestamps)
+    if question is None:
+        return Prompt(tuple(out) + (ChatTurn("user", tuple(segments)),), open_turn=True)
+    return Prompt(tuple(out) + (_user_turn(segments, audio, question),))
+
+
+def build_prompt(
+    *,
+    system_prompt: str | None,
+    history: Sequence[Exchange],
+    frames: Sequence[Frame],
+    origin: Frame | None,
+    timestamps: bool,
+    audio: AudioSegment | None = None,
+    question: str | None = None,
+) -> Prompt:
+    """A timeline with text history and one open turn of ``frames``: the first question's prompt."""
+    return render_timeline(
+        system_prompt=system_prompt, history=history, turns=(), open_frames=frames, origin=origin,
+        timestamps=timestamps, audio=audio, question=question,
+    )

@@ -1,0 +1,1 @@
+"""Images of frames: decoding, the kept picture, recycled pixel memory. Pure and synchronous."""

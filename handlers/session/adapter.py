@@ -1,0 +1,709 @@
+"""One WebSocket session: the adapter between a transport, the core and an engine.
+
+All of a session's work runs in one task group: the reader, the processor, frame decodes,
+the prefix warmup and the running answer. When the session ends, the group is cancelled
+and awaited, so nothing it started outlives it.
+
+What runs on the engine (a prefill, an answer, both while one stops the other) is one state,
+``turns`` (``lifecycle.py``), moved by its transition table; every wait is a wait on that
+state. An answer's events come from its ``Answer``, which makes exactly one end per start.
+
+Control comes before media: the reader answers ``ping`` and interrupts a running answer
+(``response.cancel``, ``video.query``) the moment it reads them; frames, audio, queries and
+``video.done`` then go in order through a bounded queue to the processor, so a question
+always sees the frames sent before it.
+
+Intake is bounded in bytes and sheds load (``intake.py``): a frame that does not fit the
+session's or the server's read-ahead budget, or finds the queue full, or cannot start
+decoding within ``intake_max_wait_ms`` of being read, is acked at once with
+``reason: "overloaded"`` instead of waiting. Every frame with a ``frame_id`` gets an ack,
+and a session whose messages are still waiting is never closed as idle.
+
+Voice: with server turn detection the processor runs each audio chunk through the voice
+activity model; speech that starts interrupts the running answer (barge-in), speech that
+stops starts an answer (``interrupt_response`` / ``create_response`` false: the answer goes
+on / the spoken turn is kept, transcribed, for the next answer: ``_hold_spoken``). An answer first transcribes its audio when the engine cannot hear,
+and speaks its text sentence by sentence when the engine cannot speak (``speech.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import anyio
+from anyio.abc import TaskGroup
+
+from handlers.session import log_context
+from server import blocking
+from handlers.wire.codec import V1Codec, WireCodec
+from handlers.wire.commands import AnswerRequest, Command
+from handlers.core.session_core import (
+    FrameIntake,
+    Limits,
+    Phase,
+    QueryPlan,
+    SessionCore,
+    SpokenQuestion,
+    VoicePaths,
+)
+from handlers.wire.errors import CLOSE_CODES, ErrorCode, SessionError
+from handlers.session.intake import Admission, IntakeLimits, ReadAhead, decode_prepared, prepare_frame
+from handlers.core.lifecycle import Answer, Outcome, Turns, TurnState
+from handlers.core.frames import Frame, content_key
+from handlers.session.observer import SessionObserver
+from handlers.session.resume import ParkedSession, ParkingLot
+from handlers.wire.protocol import (
+    AudioChunkIn,
+    ErrorEvent,
+    Ping,
+    Pong,
+    ResponseCancel,
+    ServerEvent,
+    SessionClosing,
+    SessionConfig,
+    SessionDone,
+    SessionReady,
+    VideoDone,
+    VideoFrame,
+    VideoQuery,
+)
+from handlers.session.voice import Listening, NativeAudioTrim, SpokenAnswer
+from handlers.session.transport import Disconnected, Transport
+from handlers.core.turn_detection import SpeechStarted, SpeechStopped
+from server.engines.base import AudioChunk, Capabilities, Engine, EngineError, TextDelta
+from server.speech.base import SpeechError, VadStream, Voice
+
+log = logging.getLogger("livesight.session")
+
+
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
+class _SessionOver(Exception):
+    """Raised inside the session to end it after a closing error or ``video.done``."""
+
+
+@dataclass
+class Turn:
+    """The running answer's handles: its plan, its events (``Answer``, timed from when the
+    question was read or speech stopped, on ``time.perf_counter``), the cancel scope that
+    interrupts it and the event set once its end was sent. Its state is ``Session.turns``'."""
+
+    plan: QueryPlan
+    answer: Answer
+    scope: anyio.CancelScope
+    done: anyio.Event
+    listening: Listening | None = None  # the question's audio, transcribed as it was spoken
+
+
+def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
+    """What the engine does itself and what the voice stages add: native first, never both."""
+    voice = voice or Voice()
+    synth, asr = voice.synthesizer, voice.transcriber
+    return VoicePaths(
+        output="native" if capabilities.audio_output else (synth.name if synth else None),
+        input="native" if capabilities.audio_input else (asr.name if asr else None),
+        vad_window=voice.vad.window_samples if voice.vad else None,
+        default_voice=None if capabilities.audio_output or synth is None else synth.default_voice,
+        knows_voice=synth.knows_voice if synth and not capabilities.audio_output else (lambda v: True),
+    )
+
+
+class Session:
+    """Runs one client connection from its first message to its end."""
+
+    def __init__(
+        self, transport: Transport, engine: Engine, limits: Limits, config_timeout_s: float, voice: Voice | None = None,
+        codec: WireCodec | None = None,
+        *, intake: IntakeLimits | None = None, read_ahead: ReadAhead | None = None, admission: Admission | None = None,
+        observer: SessionObserver | None = None, parking: ParkingLot | None = None, owner: str = "",
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.intake = intake or IntakeLimits()
+        self.server_read_ahead = read_ahead or ReadAhead(self.intake.max_read_ahead_bytes)
+        self.admission = admission or Admission(max_sessions=1 << 30, max_pending=1 << 30)
+        self.read_ahead_bytes = 0  # this session's bytes read but not yet handled
+        self.waiting_messages = 0  # read, not yet handled: the session is not idle while > 0
+        self.frames_unacked = 0  # frames among them (counted for the whole server by ``blocking``)
+        self.observer = observer or SessionObserver()
+        self.transport = transport
+        self.codec = codec or V1Codec()  # the wire protocol: messages <-> core events
+        self.engine = engine
+        self.voice = voice or Voice()
+        self.core = SessionCore(self.id, limits, engine.capabilities, voice_paths(engine.capabilities, voice))
+        self._vad_stream: VadStream | None = None
+        self._listening: Listening | None = None
+        self.config_timeout_s = config_timeout_s
+        self._send_lock = asyncio.Lock()  # anyio's costs ~40 us a frame on the event loop
+        self._changed = anyio.Event()  # set, and replaced, on every change of ``turns``
+        self.turns = Turns(on_change=self._wake)  # prefill and answer state: every decision reads it
+        self.turn: Turn | None = None  # the asked or running answer's handles (``turns.answer``'s)
+        self._warm_scope: anyio.CancelScope | None = None  # the running prefill's, to stop it
+        self._tg: TaskGroup | None = None
+        self.closed = False
+        self.close_code = 1000
+        self.ended = anyio.Event()
+        self.parking, self.owner = parking, owner  # resume: where a dropped session waits; its key's digest
+        self._resume_token: str | None = None
+        self._ready: SessionReady | None = None
+        self._dropped = False
+
+    @property
+    def settled(self) -> bool:
+        """True when no decode, warmup or answer is running or wanted (benchmarks wait for it)."""
+        behind = self.core.warm_prefix and self.turns.behind
+        return not self.waiting_messages and self.turns.state is TurnState.IDLE and not behind
+
+    def _wake(self) -> None:
+        """``turns`` changed: wake whoever waits on it."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` (a question about ``turns``) is true."""
+        while not ready():
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Serve the connection until it ends; never raises for client behaviour."""
+        context = log_context.session_id.set(self.id)
+        self.observer.opened()
+        try:
+            if not await self._configure():
+                return
+            send, receive = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._pick_up(tg)
+                tg.start_soon(self._read, send)
+                tg.start_soon(self._process, receive)
+                if self.core.warm_prefix:
+                    tg.start_soon(self._warm_loop)
+                elif self.core.config.prefix_warmup:
+                    log.info("session %s: no prefix warmup, engine %r cannot keep a prefix",
+                             self.id[:8], self.engine.capabilities.name)
+        except* Disconnected as gone:  # the client left (or an idle/closing error was sent)
+            self._dropped = gone.subgroup(lambda e: isinstance(e, Disconnected) and e.code == 1000) is None
+        finally:
+            with anyio.CancelScope(shield=True):
+                self.admission.release(self.id)
+                self.server_read_ahead.give(self.read_ahead_bytes)
+                self.read_ahead_bytes = 0
+                blocking.frame_done(self.frames_unacked)  # frames still queued: no longer waiting
+                self.frames_unacked = 0
+                if self._parkable():
+                    await self.parking.park(self._resume_token, ParkedSession(self.id, self.core, self.owner, self._ready))
+                else:
+                    self.core.close()
+                    await self.engine.release(self.id)
+                await self.transport.close(self.close_code)
+                self.closed = True
+                self.observer.closed()
+                self.ended.set()
+                log_context.session_id.reset(context)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Server shutdown: send ``session.closing``, let the running answer (and any that the
+        client still starts) finish for at most ``timeout_s``, then close with 1012."""
+        self.close_code = 1012
+        try:
+            await self.send(SessionClosing(deadline_ms=round(timeout_s * 1000)))
+        except Disconnected:
+            pass
+        with anyio.move_on_after(timeout_s):
+            await self._until(lambda: not self.turns.answering)
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()  # run() closes the transport with close_code
+        else:
+            await self.transport.close(self.close_code)  # still awaiting session.config
+        await self.ended.wait()
+
+    async def _configure(self) -> bool:
+        """Wait for ``session.config`` (or take the codec's opening one); returns False when
+        the session must close."""
+        raw: str | bytes | None = None
+        events = self.codec.opening()
+        try:
+            if not events:
+                with anyio.fail_after(self.config_timeout_s), self.admission.waiting(self.id):
+                    raw = await self.transport.receive()
+        except TimeoutError:
+            await self._fail(SessionError(ErrorCode.CONFIG_TIMEOUT, f"no session.config within {self.config_timeout_s:g} s"))
+            return False
+        if raw is None and not events and self.admission.was_pushed_out(self.id):
+            await self._fail(SessionError(
+                ErrorCode.TOO_MANY_SESSIONS, "too many connections are waiting for session.config; this one waited longest"
+            ))
+            return False
+        try:
+            events = events or self.codec.decode(raw)
+            event = events[0] if len(events) == 1 else None
+            if not isinstance(event, SessionConfig):
+                raise SessionError(ErrorCode.INVALID_CONFIG, "the first message must be session.config")
+        except SessionError as exc:
+            if exc.code in {ErrorCode.INVALID_JSON, ErrorCode.INVALID_MESSAGE, ErrorCode.UNKNOWN_TYPE}:
+                exc = SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be session.config ({exc.message})")
+            await self._fail(exc)
+            return False
+        if not self.admission.claim(self.id):
+            await self._fail(SessionError(
+                ErrorCode.TOO_MANY_SESSIONS, f"the server is at its limit of {self.admission.max_sessions} sessions"
+            ))
+            return False
+        async with self.admission.setting_up():
+            await self._start(event)
+        if self.core.detector is not None and self.voice.vad is not None:
+            self._vad_stream = self.voice.vad.open_stream()
+        return True
+
+    async def _start(self, config: SessionConfig) -> None:
+        """Configure a new session, or take back the parked one whose token the config carries;
+        sends ``session.ready`` (with a fresh resume token when resume is on)."""
+        parked = None
+        if config.resume_token and self.parking is not None:
+            try:
+                parked = self.parking.claim(config.resume_token, self.owner)
+            except SessionError as exc:
+                await self.report(exc)  # then a new session with this config
+        if parked is not None:
+            self.id, self.core = parked.session_id, parked.core
+            log_context.session_id.set(self.id)
+            ready = parked.ready.model_copy(update={"resumed": True, "last_frame_id": self.core.last_frame_id})
+            log.info("session resumed at frame %r", self.core.last_frame_id)
+        else:
+            ready = self.core.configure(config)
+            ready = ready.model_copy(update={"config": {k: v for k, v in ready.config.items() if k != "resume_token"}})
+        self._ready = ready.model_copy(update={"resumed": False, "last_frame_id": None})
+        if self.parking is not None:
+            self._resume_token = self.parking.new_token()
+            ready = ready.model_copy(update={"resume_token": self._resume_token})
+        await self.send(ready)
+
+    def _pick_up(self, tg: TaskGroup) -> None:
+        """A resumed session: re-warm its buffer (every buffered frame was decoded at intake)."""
+        if self.core.warm_prefix and self.core.buffer.frames:
+            self.turns.prefix_behind()
+
+    def _parkable(self) -> bool:
+        """True when the connection dropped from a ready session that can be resumed."""
+        return (
+            self.parking is not None and self._resume_token is not None and self._ready is not None
+            and self._dropped and self.core.phase is Phase.READY and self.close_code == 1000
+        )
+
+    async def _fail(self, exc: SessionError) -> None:
+        """Send a closing error and close."""
+        await self.report(exc)
+        self.core.move_to(Phase.CLOSED)
+        await self.transport.close(CLOSE_CODES.get(exc.code, 1008))
+
+    # ------------------------------------------------------------------ errors and sending
+    async def send(self, event: ServerEvent) -> None:
+        async with self._send_lock:
+            for text in self.codec.encode(event):
+                await self.transport.send(text)
+        self.observer.sent(event)
+
+    async def _send_all(self, events: list[ServerEvent]) -> None:
+        for event in events:
+            await self.send(event)
+
+    async def report(self, exc: SessionError) -> None:
+        """The one place a ``SessionError`` becomes an ``error`` event."""
+        await self.send(
+            ErrorEvent(code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session)
+        )
+
+    # ------------------------------------------------------------------ reader
+    async def _read(self, queue: anyio.abc.ObjectSendStream[object]) -> None:
+        async with queue:
+            while True:
+                raw = await self._receive_or_idle()
+                try:
+                    events = self.codec.decode(raw)
+                except SessionError as exc:
+                    await self.report(exc)
+                    continue
+                for event in events:
+                    self.observer.received(event)
+                    if isinstance(event, Ping):
+                        await self.send(Pong())
+                    elif isinstance(event, ResponseCancel):
+                        await self.interrupt()
+                    elif isinstance(event, SessionConfig):
+                        await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
+                    elif isinstance(event, VideoFrame):
+                        await self._read_frame(queue, event)
+                    else:
+                        if isinstance(event, (VideoQuery, AnswerRequest)):
+                            await self.interrupt()
+                        self.waiting_messages += 1
+                        await queue.send((event, time.perf_counter(), 0))
+                        if isinstance(event, VideoDone):
+                            return
+
+    async def _read_frame(self, queue: anyio.abc.ObjectSendStream[object], event: VideoFrame) -> None:
+        """Queue a frame within the byte budgets, or shed it with an ``overloaded`` ack."""
+        size = len(event.data)
+        if self.read_ahead_bytes + size <= self.intake.max_read_ahead_bytes and self.server_read_ahead.take(size):
+            try:
+                queue.send_nowait((event, time.perf_counter(), size))
+            except anyio.WouldBlock:
+                self.server_read_ahead.give(size)
+            else:
+                self.read_ahead_bytes += size
+                self.waiting_messages += 1
+                self.frames_unacked += 1
+                blocking.frame_read()
+                return
+        await self._shed(event)
+
+    async def _shed(self, event: VideoFrame) -> None:
+        ack = self.core.shed_frame(event, now_ms())
+        self.observer.frames("shed")
+        if ack is not None:
+            await self.send(ack)
+
+    async def _receive_or_idle(self) -> str | bytes:
+        """Next message; raises the idle timeout when nothing came and nothing is running."""
+        while True:
+            with anyio.move_on_after(self.core.limits.idle_timeout_s):
+                return await self.transport.receive()
+            if not self.turns.answering and not self.waiting_messages:
+                await self._fail(
+                    SessionError(ErrorCode.IDLE_TIMEOUT, f"nothing received for {self.core.limits.idle_timeout_s:g} s")
+                )
+                raise Disconnected
+
+    # ------------------------------------------------------------------ processor
+    async def _process(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
+        async with queue:
+            async for event, received, size in queue:
+                try:
+                    if isinstance(event, VideoFrame):
+                        await self._on_frame(event, received)
+                    elif isinstance(event, AudioChunkIn):
+                        await self._on_audio(event)
+                    elif isinstance(event, VideoQuery):
+                        await self._on_query(event, received)
+                    elif isinstance(event, VideoDone):
+                        await self._on_done()
+                        return
+                    elif isinstance(event, AnswerRequest):
+                        await self.interrupt()
+                        await self._start_turn(self.core.plan_answer(event), received)
+                    elif isinstance(event, Command):
+                        await self._on_command(event)
+                except SessionError as exc:
+                    await self.report(exc)
+                finally:
+                    self.waiting_messages -= 1
+                    self.read_ahead_bytes -= size
+                    self.server_read_ahead.give(size)
+                    if isinstance(event, VideoFrame):
+                        self.frames_unacked -= 1
+                        blocking.frame_done()
+
+    async def _on_frame(self, event: VideoFrame, received: float) -> None:
+        """Check and thumbnail (off the loop, taking turns with other sessions), filter, ack."""
+        self.core.check_frame_size(event)
+        receive_ms = now_ms() - (time.perf_counter() - received) * 1000  # when it was read, not dequeued
+        side = self.core.capabilities.max_image_side
+        deadline = received + self.intake.intake_max_wait_ms / 1000
+        try:
+            prepared = await blocking.run_fair(
+                prepare_frame, event.data, event.frame_id, self.intake, side, deadline=deadline
+            )
+            if prepared.image is None:
+                prepared = await blocking.run_fair(
+                    decode_prepared, prepared, event.frame_id, self.intake, side, deadline=deadline, heavy=True
+                )
+        except blocking.Overloaded:
+            await self._shed(event)
+            return
+        intake: FrameIntake = self.core.accept_frame(event, prepared.raw, prepared.key, prepared.thumb, receive_ms)
+        self.observer.frames("accepted" if intake.frame is not None else "filtered")
+        self.observer.frames("evicted", len(intake.evicted))
+        if intake.frame is not None:
+            intake.frame.image = prepared.image
+            intake.frame.decode_ms = prepared.decode_ms
+            intake.frame.decoded_ts_ms = now_ms()
+        if (intake.evicted or intake.frame is not None) and self.core.warm_prefix:
+            self.turns.prefix_behind()
+        if intake.ack is not None:
+            await self.send(intake.ack)
+
+    # ------------------------------------------------------------------ microphone
+    async def _on_audio(self, event: AudioChunkIn) -> None:
+        """Buffer microphone audio; with turn detection, act on speech starting and stopping.
+        Audio a question will take is transcribed as it arrives (``_listen``)."""
+        try:
+            pcm = self.core.add_audio(event.data)
+        finally:
+            await self._listen()
+        if self._vad_stream is None or self.voice.vad is None:
+            return
+        try:
+            probabilities = await self.voice.vad.probabilities(self._vad_stream, pcm)
+        except SpeechError as exc:
+            log.warning("voice activity detection failed: %s", exc)
+            raise SessionError(ErrorCode.INTERNAL_ERROR, "turn detection failed on this audio") from None
+        for decision in self.core.detect_turns(probabilities):
+            if isinstance(decision, SpeechStarted):
+                await self.send(self.core.turn_event(decision))
+                if self.core.speech_interrupts:
+                    await self.interrupt()  # barge-in: the speaker talks over the answer
+            elif isinstance(decision, SpeechStopped):
+                await self.send(self.core.turn_event(decision))
+            elif isinstance(decision, SpokenQuestion) and not self.core.answers_speech(self.turn is not None):
+                await self._hold_spoken(decision)
+            elif isinstance(decision, SpokenQuestion):
+                await self.interrupt()
+                listening, self._listening = self._listening, None
+                plan = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
+                await self._start_turn(plan, time.perf_counter(), listening)
+        await self._listen()  # speech that started in this chunk
+
+    async def _hold_spoken(self, question: SpokenQuestion) -> None:
+        """A spoken question that starts no answer waits as an input of the next one; when the
+        engine cannot hear, its words are recognised now (``InputTranscribed``). Raises
+        ``audio_overflow`` or ``transcription_failed`` (the input then keeps its audio)."""
+        listening, self._listening = self._listening, None
+        try:
+            item = self.core.hold_spoken_question(question)
+        except SessionError:
+            with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    await listening.cancel()
+            raise
+        if not (self.core.voice.transcribes and self.core.config.use_audio_in_video) or self.voice.transcriber is None:
+            if listening is not None:
+                await listening.cancel()
+            return  # the engine hears it with the answer (or it is not used)
+        pcm = item.pcm16
+        if listening is None:
+            listening = Listening(self.voice.transcriber.open_stream(), 0, len(pcm) + 2)
+            await self._tg.start(listening.run)
+        seen = (listening.fed - listening.start) * 2
+        listening.add(pcm[seen:], listening.start + len(pcm) // 2, bounded=False)
+        try:
+            transcript = await listening.finish()
+        except SpeechError as exc:
+            log.warning("transcription failed for spoken item %s: %s", item.item_id, exc)
+            raise SessionError(ErrorCode.TRANSCRIPTION_FAILED, "the spoken question could not be transcribed") from None
+        event = self.core.transcribed_input(item.item_id, transcript)
+        if event is not None:
+            await self.send(event)
+
+    async def _listen(self) -> None:
+        """Hand the audio a question will take to a running transcription (started when such
+        audio begins; stopped when it was dropped or the question went elsewhere)."""
+        start = self.core.listen_start()
+        listening = self._listening
+        if listening is not None and listening.start != start:
+            self._listening = None
+            await listening.cancel()
+            listening = None
+        if start is None or self.voice.transcriber is None:
+            return
+        if self.core.detector is None and self.codec.commits_audio:
+            return  # the buffer waits for a commit; a streamed transcription would be cut there
+        if listening is None:
+            listening = Listening(self.voice.transcriber.open_stream(), start, self.core.limits.max_audio_bytes)
+            await self._tg.start(listening.run)
+            self._listening = listening
+        listening.add(self.core.audio_since(listening.fed), self.core.audio_total)
+
+    async def _on_command(self, command: Command) -> None:
+        """A core command from a codec (items, audio commits, config updates)."""
+        detector = self.core.detector
+        for event in self.core.apply(command):
+            await self.send(event)
+        if self.core.detector is not detector:  # turn detection was switched: fresh audio
+            vad = self.voice.vad
+            self._vad_stream = vad.open_stream() if self.core.detector is not None and vad is not None else None
+        await self._listen()  # audio committed or cleared: its running transcription stops
+
+    # ------------------------------------------------------------------ answers
+    async def _on_query(self, event: VideoQuery, received: float) -> None:
+        await self.interrupt()  # a turn may have started between reader and processor
+        listening = None
+        if self.core.detector is None:  # the query takes the buffered audio, and its transcription
+            listening, self._listening = self._listening, None
+        await self._start_turn(await self._plan(partial(self.core.plan_query, event), listening), received, listening)
+
+    async def _plan(self, make_plan: Callable[[], QueryPlan], listening: Listening | None) -> QueryPlan:
+        """``make_plan()``; when it raises, the question's transcription is stopped first."""
+        try:
+            return make_plan()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    await listening.cancel()
+            raise
+
+    async def _start_turn(self, plan: QueryPlan, received: float, listening: Listening | None = None) -> None:
+        """Ask for the answer, drop the plan's undecodable frames, wait for a running prefill
+        to stop, then start the answer task. The caller has interrupted the previous answer."""
+        turn = Turn(plan, self.core.new_answer(plan, received), anyio.CancelScope(), anyio.Event(), listening=listening)
+        stop_prefill = self.turns.ask(turn.answer)  # from here on no prefill starts
+        self.turn = turn
+        try:
+            self.core.settle_frames(plan)
+            if stop_prefill and self._warm_scope is not None:
+                self._warm_scope.cancel()
+            await self._until(lambda: self.turns.may_generate)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    await listening.cancel()
+            self.core.finish(plan, None)
+            self.turns.withdraw()
+            self.turn = None
+            turn.done.set()
+            raise
+        self._tg.start_soon(self._answer, turn)
+
+    async def interrupt(self) -> None:
+        """Cancel the running answer, if any, and wait until it has ended."""
+        turn = self.turn
+        if turn is not None:
+            turn.scope.cancel()
+            await turn.done.wait()
+
+    async def _answer(self, turn: Turn) -> None:
+        """Run one answer: its events come from ``turn.answer`` (exactly one end per start)."""
+        plan, answer = turn.plan, turn.answer
+        log_context.request_id.set(plan.request_id)  # this task's own context: log lines name the answer
+        outcome = Outcome.INTERRUPTED
+        spoken: SpokenAnswer | None = None
+        try:
+            await self._send_all(self.turns.start())
+            with turn.scope:
+                if self.core.needs_transcription(plan):
+                    await self._transcribe(turn)
+                spoken = await self._start_speech(turn)
+                trim = NativeAudioTrim(self.voice.native_trim_ms)
+                wants_audio = "audio" in plan.modalities
+                prompt = self.core.query_prompt(plan)
+                stream = self.engine.generate(self.id, plan.request_id, prompt, plan.sampling)
+                try:
+                    async for out in stream:
+                        await self._send_all(answer.output(out, time.perf_counter()))
+                        if isinstance(out, TextDelta) and spoken is not None:
+                            await spoken.add_text(out.text)
+                        elif isinstance(out, AudioChunk):
+                            wav = trim.apply(out.wav) if wants_audio and spoken is None else b""
+                            if wav:  # the engine's own voice: passed on, never re-synthesized
+                                await self._send_audio(turn, wav)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await stream.aclose()  # aborts the engine request if it is still running
+                if spoken is not None:
+                    await spoken.finish()
+                if answer.finished is not None:
+                    outcome = Outcome.COMPLETED
+        except SessionError as exc:
+            outcome = Outcome.FAILED
+            await self.report(exc)
+        except EngineError as exc:
+            log.warning("engine failed request %s: %s", plan.request_id, exc)
+            outcome = Outcome.FAILED
+            await self.report(SessionError(ErrorCode.ENGINE_ERROR, "the engine failed to answer"))
+        except Disconnected:
+            raise
+        except Exception:
+            log.exception("bug while answering %s", plan.request_id)
+            outcome = Outcome.FAILED
+            await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"))
+        finally:
+            with anyio.CancelScope(shield=True):
+                if spoken is not None:
+                    await spoken.cancel()  # nothing of this answer is spoken after its response.done
+                if turn.listening is not None:
+                    await turn.listening.cancel()  # an interrupted transcription stops at once
+                ending = answer.end(outcome, time.perf_counter())
+                self.core.finish(plan, answer.kept_text, interrupted=outcome is Outcome.INTERRUPTED)
+                try:
+                    await self._send_all(ending)
+                except Disconnected:
+                    pass  # the client left; the session is ending anyway
+                self.turns.end()
+                self.turn = None
+                turn.done.set()
+
+    async def _transcribe(self, turn: Turn) -> None:
+        """Turn the plan's audio into its question; sends ``input_audio.transcript``.
+        The transcription that ran while the question was spoken is finished with the audio
+        it has not seen (``audio_data``, or all of it). Raises ``transcription_failed``."""
+        plan = turn.plan
+        assert plan.audio is not None and self.voice.transcriber is not None
+        listening = turn.listening
+        if listening is None:
+            listening = turn.listening = Listening(self.voice.transcriber.open_stream(), 0, len(plan.audio.pcm16) + 2)
+            await self._tg.start(listening.run)
+        seen = (listening.fed - listening.start) * 2
+        listening.add(plan.audio.pcm16[seen:], listening.start + len(plan.audio.pcm16) // 2, bounded=False)
+        try:
+            transcript = await listening.finish()
+        except SpeechError as exc:
+            log.warning("transcription failed for %s: %s", plan.request_id, exc)
+            raise SessionError(ErrorCode.TRANSCRIPTION_FAILED, "the spoken question could not be transcribed") from None
+        await self.send(self.core.apply_transcript(plan, transcript))
+
+    async def _start_speech(self, turn: Turn) -> SpokenAnswer | None:
+        """A running speaker for this answer when the session wants audio the engine cannot make."""
+        config = self.core.config
+        synthesizer = self.voice.synthesizer
+        if "audio" not in turn.plan.modalities or not self.core.voice.speaks or synthesizer is None:
+            return None
+        spoken = SpokenAnswer(
+            synthesizer, config.voice or synthesizer.default_voice, config.speech_rate,
+            max_sentence_chars=self.voice.max_sentence_chars,
+            max_pending_sentences=self.voice.max_pending_sentences,
+            pause_ms=self.voice.sentence_pause_ms,
+            deliver=partial(self._send_audio, turn),
+            report=self.report,
+        )
+        await self._tg.start(spoken.run)
+        return spoken
+
+    async def _send_audio(self, turn: Turn, wav: bytes) -> None:
+        await self._send_all(turn.answer.audio(wav, time.perf_counter()))
+
+    async def _on_done(self) -> None:
+        """``video.done``: let the running answer finish, then say goodbye."""
+        await self._until(lambda: not self.turns.answering)
+        await self.send(SessionDone())
+        self.core.move_to(Phase.CLOSING)
+        self._tg.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ warm prefix
+    async def _warm_loop(self) -> None:
+        """Keep the engine's prefix over the decoded frames warm while no answer runs."""
+        while True:
+            await self._until(lambda: self.turns.warm_due)
+            frames = self.core.warm_frames()
+            if not frames:
+                self.turns.nothing_to_warm()
+                continue
+            self.core.buffer.pin(frames)
+            scope = self._warm_scope = anyio.CancelScope()  # a question stops the prefill through it
+            self.turns.warm()
+            try:
+                with scope:
+                    await self.engine.prefill(self.id, self.core.warm_prompt(frames))
+            except EngineError as exc:
+                log.warning("prefix warmup failed: %s", exc)
+            finally:
+                self._warm_scope = None
+                self.core.buffer.unpin(frames)
+                self.turns.warmed()

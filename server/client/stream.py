@@ -1,0 +1,549 @@
+"""A Python client for livesight, and the engine of ``livesight stream``.
+
+``StreamClient`` is one session over ``websockets``::
+
+    async with StreamClient.connect("ws://127.0.0.1:8000/v1/video/chat/stream") as client:
+        await client.send_frame(jpeg_bytes, pts_ms=0)
+        answer = await client.ask("what do you see?")
+        await answer.wait()
+        print(answer.text, answer.ttft_ms)
+
+When the connection drops (anything but a normal close), the client reconnects and resumes
+its session with the ``resume_token`` of ``session.ready`` (the server's ``resume_grace_s``):
+the answers that were running end as ``interrupted``, and the frames the server had not taken
+yet (after ``session.ready.last_frame_id``) are sent again from a short replay buffer. When
+the session cannot be resumed (another server after a restart), a new one starts with the
+same config and the replay buffer. ``resumes`` counts the reconnections.
+
+``stream_source`` plays frames from a video file or an image folder into a client at their
+own pace (``speed`` times real time) and asks questions at chosen video times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import websockets
+from PIL import Image
+
+from handlers.wire.protocol import (
+    AnyServerEvent,
+    ErrorEvent,
+    FrameAck,
+    FramesConsumed,
+    ResponseAudioDelta,
+    ResponseCancel,
+    ResponseDone,
+    ResponseStart,
+    ResponseTextDelta,
+    SessionDone,
+    SessionReady,
+    VideoDone,
+    VideoFrame,
+    VideoQuery,
+)
+from server.client.connection import ClientMessage, Connection, StreamError, audio_chunk, video_frame
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp"})
+# A question without a `response.start` gets one of these instead (the server answers in order).
+_REFUSALS = frozenset({"no_frames", "invalid_audio"})
+RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # about 16 s in all: within the default grace of 30 s
+Opener = Callable[[dict[str, Any]], Awaitable[tuple[Connection, SessionReady]]]
+
+
+class AnswerListener(Protocol):
+    """Follows one answer as it streams (called from the client's reader)."""
+
+    def started(self, answer: Answer) -> None: ...
+
+    def text(self, answer: Answer, delta: str) -> None: ...
+
+    def finished(self, answer: Answer) -> None: ...
+
+
+@dataclass
+class Answer:
+    """One question and its answer, filled in as the events arrive.
+
+    ``ttft_ms`` and ``total_ms`` are measured here, from sending the question to the first
+    text delta and to ``response.done``; ``server_timings`` are the server's own.
+    """
+
+    question: str
+    video_time_s: float | None = None
+    listener: AnswerListener | None = None
+    sent_at: float = field(default_factory=time.perf_counter)
+    request_id: str | None = None
+    text: str = ""
+    status: str | None = None  # completed, interrupted, failed; "refused" when it never started
+    finish_reason: str | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    server_timings: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    frame_ids: list[Any] = field(default_factory=list)  # the named frames the prompt used
+    frames_in_prompt: int = 0  # every frame the prompt used, named or not
+    latest_pts_ms: float | None = None
+    error: str | None = None
+    audio_chunks: int = 0
+    _done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def frames_used(self) -> int:
+        return self.frames_in_prompt
+
+    async def wait(self, timeout: float | None = None) -> Answer:
+        """Wait for ``response.done`` (or the refusal); returns self. Raises ``TimeoutError``."""
+        async with asyncio.timeout(timeout):
+            await self._done.wait()
+        return self
+
+    def _finish(self, status: str) -> None:
+        self.status = status
+        self.total_ms = round((time.perf_counter() - self.sent_at) * 1000, 2)
+        self._done.set()
+        if self.listener:
+            self.listener.finished(self)
+
+
+@dataclass
+class FrameStats:
+    sent: int = 0
+    accepted: int = 0
+    filtered: int = 0  # like the frame before it
+    shed: int = 0  # dropped by a busy server (``reason: "overloaded"``)
+
+
+class StreamClient:
+    """One livesight session over a ``Connection``. Create it with ``StreamClient.connect``."""
+
+    def __init__(
+        self, conn: Connection, ready: SessionReady, reopen: Opener | None = None, replay_frames: int = 64
+    ) -> None:
+        self.conn = conn
+        self.ready = ready
+        self.resumes = 0
+        self._reopen = reopen  # opens a session (with extra config fields); None: no reconnection
+        self._replay: deque[VideoFrame] = deque(maxlen=replay_frames)  # recent video.frame events
+        self._connected = asyncio.Event()
+        self._connected.set()
+        self._closing = False
+        self.frames = FrameStats()
+        self.errors: list[dict[str, Any]] = []
+        self._waiting: deque[Answer] = deque()
+        self._running: dict[str, Answer] = {}
+        self._frame_seq = 0
+        self._session_done = asyncio.Event()
+
+    @property
+    def ws(self) -> Any:
+        """The WebSocket of the current connection."""
+        return self.conn.ws
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls, url: str, config: dict[str, Any] | None = None, *, api_key: str | None = None, open_timeout: float = 30,
+        resume: bool = True, replay_frames: int = 64,
+    ) -> AsyncIterator[StreamClient]:
+        """Open a session with ``config`` (the ``session.config`` fields); closes it on exit.
+        With ``resume``, a dropped connection is resumed (see the module docstring).
+
+        Raises ``StreamError`` when the server refuses the session, ``OSError`` or
+        ``websockets.InvalidURI``/``InvalidHandshake`` when it cannot be reached.
+        """
+
+        async def open_session(extra: dict[str, Any]) -> tuple[Connection, SessionReady]:
+            conn, ready = await Connection.open(url, {**(config or {}), **extra}, api_key=api_key,
+                                                open_timeout=open_timeout)
+            return conn, ready.event
+
+        conn, ready = await open_session({})
+        client = cls(conn, ready, open_session if resume else None, replay_frames)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                reader = tg.create_task(client._read())
+                try:
+                    yield client
+                finally:
+                    client._closing = True
+                    await client.ws.close()
+                    await reader
+        finally:
+            await client.ws.close()
+
+    # ------------------------------------------------------------------ sending
+    async def send_frame(
+        self, image: bytes, *, pts_ms: float | None = None, frame_id: int | str | None = None, **fields: Any
+    ) -> int | str:
+        """Send one encoded image (JPEG/PNG/WebP); returns its ``frame_id``."""
+        if frame_id is None:
+            self._frame_seq += 1
+            frame_id = self._frame_seq
+        frame = video_frame(image, frame_id=frame_id, pts_ms=pts_ms, capture_ts_ms=round(time.time() * 1000, 1),
+                            **fields)
+        self._replay.append(frame)
+        self.frames.sent += 1
+        await self._connected.wait()
+        try:
+            await self.conn.send_event(frame)
+        except websockets.ConnectionClosed:
+            if self._reopen is None:
+                raise  # with resume on, the replay buffer sends it again
+        return frame_id
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        """Send PCM16 little-endian mono 16 kHz audio (buffered by the server until a question)."""
+        await self._send(audio_chunk(pcm16))
+
+    async def ask(
+        self, question: str, *, listener: AnswerListener | None = None, video_time_s: float | None = None
+    ) -> Answer:
+        """Send ``video.query``; returns its ``Answer`` at once (``await answer.wait()`` for the end).
+
+        A question asked while an answer runs interrupts that answer (the protocol's rule).
+        """
+        answer = Answer(question, video_time_s, listener)
+        self._waiting.append(answer)
+        await self._send(VideoQuery(type="video.query", text=question))
+        return answer
+
+    async def cancel(self) -> None:
+        """Stop the running answer (``response.cancel``)."""
+        await self._send(ResponseCancel(type="response.cancel"))
+
+    async def finish(self, timeout: float = 120) -> None:
+        """Send ``video.done`` and wait for ``session.done`` (the running answer completes first)."""
+        await self._send(VideoDone(type="video.done"))
+        async with asyncio.timeout(timeout):
+            await self._session_done.wait()
+
+    async def _send(self, event: ClientMessage) -> None:
+        """Send an event; while a dropped connection is being resumed, wait for it first."""
+        await self._connected.wait()
+        try:
+            await self.conn.send_event(event)
+        except websockets.ConnectionClosed:
+            if self._reopen is None:
+                raise
+            await asyncio.sleep(0)  # let the reader see the drop and start resuming
+            await self._connected.wait()
+            await self.conn.send_event(event)
+
+    # ------------------------------------------------------------------ receiving
+    async def _read(self) -> None:
+        try:
+            while True:
+                # an event this client does not know (a newer server) is not ours to act on
+                async for received in self.conn.events(skip_unknown=True):
+                    self._on_event(received.event)
+                dropped = self.ws.close_code != 1000 and not self._closing and not self._session_done.is_set()
+                if not (dropped and self._reopen is not None and await self._resume()):
+                    return
+        finally:
+            self._connected.set()  # nothing waits for a connection that will not come back
+            for answer in [*self._waiting, *self._running.values()]:
+                answer.error = answer.error or "the connection closed"
+                answer._finish(answer.status or "failed")
+            self._waiting.clear()
+            self._running.clear()
+            self._session_done.set()
+
+    async def _resume(self) -> bool:
+        """Reconnect after a drop: resume the session (or start a new one) and resend the frames
+        the server did not take. Returns False when no connection could be opened."""
+        self._connected.clear()
+        for answer in [*self._waiting, *self._running.values()]:
+            answer.error = "the connection dropped"
+            answer._finish("interrupted")
+        self._waiting.clear()
+        self._running.clear()
+        token = self.ready.resume_token
+        for delay in RECONNECT_DELAYS_S:
+            await asyncio.sleep(delay)
+            try:
+                conn, ready = await self._reopen({"resume_token": token} if token else {})
+            except (OSError, TimeoutError, websockets.WebSocketException, StreamError):
+                continue
+            self.conn, self.ready = conn, ready
+            self.resumes += 1
+            frames = list(self._replay)
+            ids = [frame.frame_id for frame in frames]
+            taken = ready.last_frame_id if ready.resumed else None
+            for frame in frames[ids.index(taken) + 1 :] if taken in ids else frames:
+                await conn.send_event(frame)
+            self._connected.set()
+            return True
+        return False
+
+    def _on_event(self, event: AnyServerEvent) -> None:
+        if isinstance(event, FrameAck):
+            if event.accepted:
+                self.frames.accepted += 1
+            elif event.reason == "overloaded":
+                self.frames.shed += 1
+            else:
+                self.frames.filtered += 1
+        elif isinstance(event, ResponseStart):
+            answer = self._waiting.popleft() if self._waiting else Answer("")
+            answer.request_id = event.request_id
+            self._running[answer.request_id] = answer
+            if answer.listener:
+                answer.listener.started(answer)
+        elif isinstance(event, FramesConsumed):
+            answer = self._running.get(event.request_id)
+            if answer:
+                answer.frame_ids = list(event.frame_ids)
+                answer.frames_in_prompt = len(event.frames)
+                answer.latest_pts_ms = event.latest_pts_ms
+        elif isinstance(event, ResponseTextDelta):
+            answer = self._running.get(event.request_id)
+            if answer:
+                if answer.ttft_ms is None:
+                    answer.ttft_ms = round((time.perf_counter() - answer.sent_at) * 1000, 2)
+                answer.text += event.delta
+                if answer.listener:
+                    answer.listener.text(answer, event.delta)
+        elif isinstance(event, ResponseAudioDelta):
+            answer = self._running.get(event.request_id)
+            if answer:
+                answer.audio_chunks += 1
+        elif isinstance(event, ResponseDone):
+            answer = self._running.pop(event.request_id, None)
+            if answer:
+                answer.finish_reason = event.finish_reason
+                answer.server_timings = event.timings.model_dump()
+                answer.usage = event.usage.model_dump()
+                answer._finish(event.status)
+        elif isinstance(event, ErrorEvent):
+            self.errors.append(event.model_dump())
+            if event.code in _REFUSALS and self._waiting:
+                answer = self._waiting.popleft()
+                answer.error = f"{event.code}: {event.message}"
+                answer._finish("refused")
+        elif isinstance(event, SessionDone):
+            self._session_done.set()
+
+
+# ---------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class SourceFrame:
+    """One picture of a source and its time in seconds from the source's start."""
+
+    pts_s: float
+    image: Image.Image
+
+
+def video_frames(path: Path, fps: float) -> Iterator[SourceFrame]:
+    """Decode a video file with PyAV at its own rate, keeping about ``fps`` frames a second
+    (every frame when ``fps`` <= 0). Raises ``av.FFmpegError`` for an unreadable file."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        rate = float(stream.average_rate or 25)
+        origin: float | None = None
+        next_sample = 0.0
+        for index, frame in enumerate(container.decode(stream)):
+            t = frame.time if frame.time is not None else index / rate
+            origin = t if origin is None else origin
+            t -= origin
+            if fps > 0 and t < next_sample - 1e-6:
+                continue
+            if fps > 0:
+                next_sample = (int(t * fps + 1e-6) + 1) / fps
+            yield SourceFrame(round(t, 6), frame.to_image())
+
+
+def folder_frames(path: Path, fps: float) -> Iterator[SourceFrame]:
+    """The images of a folder in name order, one every ``1/fps`` seconds of video time."""
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"{path} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    step = 1 / fps if fps > 0 else 1.0
+    for index, file in enumerate(files):
+        with Image.open(file) as image:
+            yield SourceFrame(round(index * step, 6), image.convert("RGB"))
+
+
+def open_source(path: Path, fps: float) -> Iterator[SourceFrame]:
+    """Frames of a video file or an image folder. Raises ``FileNotFoundError``, ``ValueError``."""
+    if path.is_dir():
+        return folder_frames(path, fps)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    return video_frames(path, fps)
+
+
+def encode_jpeg(image: Image.Image, quality: int = 80, max_side: int = 640) -> bytes:
+    """JPEG bytes of ``image``, scaled down so its longest side is at most ``max_side`` (0: as is)."""
+    if max_side > 0 and max(image.size) > max_side:
+        scale = max_side / max(image.size)
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BILINEAR)
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------- playing a source
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question to ask; ``at_s`` is its video time, or None for "after the last frame"."""
+
+    text: str
+    at_s: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Question:
+        """``"3.5:what now?"`` asks at 3.5 s of video time; plain text asks at the end."""
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)s?:(.*)", spec, re.DOTALL)
+        if match and match.group(2).strip():
+            return cls(match.group(2).strip(), float(match.group(1)))
+        return cls(spec.strip())
+
+
+@dataclass
+class StreamReport:
+    frames: FrameStats
+    answers: list[Answer]
+    duration_s: float
+    video_time_s: float
+
+
+class ConsolePrinter:
+    """Prints each answer as it streams, then its timings."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def started(self, answer: Answer) -> None:
+        at = "" if answer.video_time_s is None else f" [at {answer.video_time_s:.1f} s]"
+        self.out.write(f"\nQ{at}: {answer.question}\nA: ")
+        self.out.flush()
+
+    def text(self, answer: Answer, delta: str) -> None:
+        self.out.write(delta)
+        self.out.flush()
+
+    def finished(self, answer: Answer) -> None:
+        if answer.status == "refused":
+            self.out.write(f"\nQ: {answer.question}\n   (not answered: {answer.error})\n")
+            return
+        newest = "" if answer.latest_pts_ms is None else f" up to {answer.latest_pts_ms / 1000:.1f} s"
+        ttft = "–" if answer.ttft_ms is None else f"{answer.ttft_ms:.0f} ms"
+        total = "–" if answer.total_ms is None else f"{answer.total_ms:.0f} ms"
+        self.out.write(
+            f"\n   ({answer.status}; ttft {ttft}, total {total}, {answer.frames_used} frames{newest}, "
+            f"{answer.usage.get('completion_tokens', 0)} tokens)\n"
+        )
+        self.out.flush()
+
+
+async def stream_source(
+    client: StreamClient,
+    frames: Iterable[SourceFrame],
+    questions: Iterable[Question] = (),
+    *,
+    speed: float = 1.0,
+    quality: int = 80,
+    max_side: int = 640,
+    listener: AnswerListener | None = None,
+    answer_timeout_s: float = 300,
+) -> StreamReport:
+    """Play ``frames`` into ``client`` at ``speed`` times real time (0: as fast as possible).
+
+    A timed question is sent once every frame up to its time has been sent, so it sees
+    them; the frames go on while it is answered. Untimed questions are asked one after the
+    other once the source has ended. Returns when every answer is done.
+    """
+    questions = list(questions)
+    timed = deque(sorted((q for q in questions if q.at_s is not None), key=lambda q: q.at_s))
+    untimed = [q for q in questions if q.at_s is None]
+    answers: list[Answer] = []
+    started = time.perf_counter()
+    iterator = iter(frames)
+    video_time = 0.0
+
+    while True:
+        frame = await asyncio.to_thread(next, iterator, None)  # decoding blocks: keep it off the loop
+        if frame is None:
+            break
+        while timed and timed[0].at_s < frame.pts_s:
+            question = timed.popleft()
+            await _sleep_until(started, question.at_s, speed)
+            answers.append(await client.ask(question.text, listener=listener, video_time_s=question.at_s))
+        await _sleep_until(started, frame.pts_s, speed)
+        jpeg = await asyncio.to_thread(encode_jpeg, frame.image, quality, max_side)
+        await client.send_frame(jpeg, pts_ms=round(frame.pts_s * 1000, 3))
+        video_time = frame.pts_s
+
+    for question in [*timed, *untimed]:
+        if answers:
+            await answers[-1].wait(answer_timeout_s)
+        answers.append(await client.ask(question.text, listener=listener, video_time_s=question.at_s))
+    for answer in answers:
+        await answer.wait(answer_timeout_s)
+    return StreamReport(client.frames, answers, time.perf_counter() - started, video_time)
+
+
+async def _sleep_until(started: float, video_time_s: float, speed: float) -> None:
+    """Wait for ``video_time_s`` of the source, played at ``speed`` (0: do not wait)."""
+    if speed > 0:
+        delay = started + video_time_s / speed - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def run_stream(
+    source: Path,
+    url: str,
+    questions: list[Question],
+    *,
+    config: dict[str, Any],
+    fps: float = 2.0,
+    speed: float = 1.0,
+    quality: int = 80,
+    max_side: int = 640,
+    api_key: str | None = None,
+    out: TextIO | None = None,
+) -> StreamReport:
+    """``livesight stream``: play ``source`` to the server at ``url``, print the answers.
+
+    Raises ``StreamError``, ``OSError``, ``FileNotFoundError`` or ``ValueError``.
+    """
+    out = out or sys.stdout
+    frames = open_source(source, fps)
+    printer = ConsolePrinter(out)
+    async with StreamClient.connect(url, config, api_key=api_key) as client:
+        for note in client.ready.notes:
+            out.write(f"note: {note}\n")
+        report = await stream_source(
+            client, frames, questions, speed=speed, quality=quality, max_side=max_side, listener=printer
+        )
+        await client.finish()
+    stats = report.frames
+    shed = f", {stats.shed} shed by the busy server" if stats.shed else ""
+    out.write(
+        f"\nsent {stats.sent} frames ({stats.accepted} accepted, {stats.filtered} filtered{shed}) "
+        f"covering {report.video_time_s:.1f} s of video in {report.duration_s:.1f} s\n"
+    )
+    return report

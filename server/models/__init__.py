@@ -1,0 +1,1 @@
+"""Tiny generated models for tests and the demo (nothing is downloaded)."""
