@@ -42,7 +42,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     """The real server with the real transformers engine on the tiny model."""
     # No resume here: a test that drops a connection must not leave a parked session (and its
-    # frames) behind for the next test's leak checks; tests/test_resume.py has its own server.
+    # frames) behind for the next test's leak checks; tests/session/test_resume.py has its own server.
     settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0)
     with run_server(settings) as running:
         yield running

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-DOCKER = Path(__file__).resolve().parent.parent / "docker"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 MODEL = "example-org/Some-VL-Model"
 
 

@@ -8,7 +8,7 @@ from handlers.wire.errors import ErrorCode
 from handlers.wire.protocol import CLIENT_TYPES
 from server.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_configuration_doc_lists_every_setting() -> None:

@@ -146,7 +146,7 @@ def test_recognisers_exit_when_the_server_process_is_killed() -> None:
         anyio.run(main)
         """
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     server = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
@@ -171,7 +171,7 @@ async def test_a_cancelled_utterance_does_not_wait_for_its_recogniser() -> None:
     """Cancelling a stream while its recogniser works on 10 s of audio returns at once (the
     recogniser stops at its next step, its reply is dropped later), and the next utterance on
     the same recogniser is heard as if nothing had happened."""
-    from tests.test_voice_blocking import ten_seconds_of_question
+    from tests.speech.test_voice_blocking import ten_seconds_of_question
 
     long_question, clip = ten_seconds_of_question(), _clips()[1]
     transcriber = PocketsphinxTranscriber(1)

@@ -113,7 +113,7 @@ async def test_every_metric_the_dashboard_queries_exists(server: RunningServer) 
     import re
     from pathlib import Path
 
-    dashboard = Path(__file__).resolve().parent.parent / "docker" / "monitoring" / "grafana" / "dashboards" / "livesight.json"
+    dashboard = Path(__file__).resolve().parents[2] / "docker" / "monitoring" / "grafana" / "dashboards" / "livesight.json"
     panels = json.loads(dashboard.read_text())["panels"]
     queried = {name for p in panels for t in p["targets"] for name in re.findall(r"livesight_[a-z_]+", t["expr"])}
     assert len(queried) >= 10

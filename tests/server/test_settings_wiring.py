@@ -11,7 +11,7 @@ from server.listener import uvicorn_config
 from server.settings import Settings
 from tests.conftest import b64, connect, jpeg_frame
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,1 @@
+"""The browser client (static/) in a real Chromium."""

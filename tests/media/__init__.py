@@ -1,0 +1,1 @@
+"""Tests of handlers/media: decoding, similarity thumbnails, the pixel pool."""

@@ -1,0 +1,1 @@
+"""Tests of server/models: the generated demo models."""

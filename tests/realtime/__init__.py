@@ -1,0 +1,1 @@
+"""Tests of handlers/realtime: the OpenAI Realtime endpoint through the real app."""

@@ -1,0 +1,1 @@
+"""Tests of handlers/session: the session adapter with scripted engines, intake, resume."""
