@@ -22,6 +22,7 @@ from server import blocking
 from handlers.core.session_core import Limits
 from handlers.wire.errors import CLOSE_CODES, ErrorCode
 from handlers.core.frames import live_frame_count
+from handlers.core.rate_limit import ControlLimits
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import Observers
 from handlers.wire.protocol import ErrorEvent
@@ -102,6 +103,13 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         max_image_pixels=settings.max_image_pixels,
         max_image_aspect_ratio=settings.max_image_aspect_ratio,
         heavy_image_pixels=settings.heavy_image_pixels,
+    )
+    control = ControlLimits(
+        rate_per_s=settings.control_rate_per_s,
+        burst=settings.control_burst,
+        answer_rate_per_s=settings.answer_rate_per_s,
+        answer_burst=settings.answer_burst,
+        close_after_s=settings.rate_limit_close_s,
     )
     read_ahead = ReadAhead(settings.max_server_read_ahead_bytes)
     admission = Admission(settings.max_sessions, settings.max_pending_connections)
@@ -188,7 +196,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                     "held_bytes": pixel_pool.POOL.held_bytes,
                 },
                 "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
-                "engine": getattr(app.state.engine, "stats", lambda: {})(),
+                "engine": app.state.engine.stats(),
             }
         )
 
@@ -218,7 +226,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # Not counted against max_sessions until it sends a valid session.config (Admission).
         session = Session(
             transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice, codec,
-            intake=intake, read_ahead=read_ahead, admission=admission,
+            intake=intake, read_ahead=read_ahead, admission=admission, control=control,
             observer=Observers(metrics.session_observer(protocol), SessionLog(protocol)),
             parking=parking if settings.resume_grace_s > 0 else None,
             owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),

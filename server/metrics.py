@@ -71,6 +71,10 @@ class Metrics:
         self.loop_lag_max_s = 0.0
         self.answers = Counter("livesight_answers", "Answers ended, by response.done status", ["status"], registry=r)
         self.errors = Counter("livesight_errors", "error events sent to clients, by code", ["code"], registry=r)
+        self.control_refused = Counter(
+            "livesight_control_refused", "Control messages refused: their session was over its control budget",
+            registry=r,
+        )
         self.prompt_tokens = Counter("livesight_prompt_tokens", "Prompt tokens of answers (usage)", registry=r)
         self.cached_tokens = Counter(
             "livesight_cached_tokens", "Prompt tokens served from the engine's cache (usage)", registry=r
@@ -165,6 +169,9 @@ class SessionMetrics(SessionObserver):
     def frames(self, outcome: FrameOutcome, count: int = 1) -> None:
         if count:
             self.m.frames.labels(outcome).inc(count)
+
+    def refused(self) -> None:
+        self.m.control_refused.inc()
 
 
 def _base64_size(data: str) -> int:

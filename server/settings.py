@@ -49,7 +49,24 @@ class Settings(BaseSettings):
     max_frame_bytes: int = Field(10 * MiB, ge=1024, description="largest video.frame payload (base64 text)")
     max_audio_bytes: int = Field(4 * MiB, ge=1024, description="largest buffered PCM audio per session")
     max_message_bytes: int = Field(16 * MiB, ge=1024, description="largest WebSocket message")
-    max_queue: int = Field(200, ge=1, description="client messages read ahead per session")
+    max_queue: int = Field(
+        200, ge=1, description="client messages read ahead per session, in each of its two lanes (frames; "
+        "everything else)"
+    )
+    control_rate_per_s: float = Field(
+        50.0, gt=0, description="control messages (ping, questions, cancels, config updates, items, messages "
+        "that do not parse) a session may send per second, on average; more get rate_limited"
+    )
+    control_burst: int = Field(100, ge=1, description="control messages a session may send at once above its rate")
+    answer_rate_per_s: float = Field(
+        10.0, gt=0, description="messages that start or stop an answer (video.query, response.create, "
+        "response.cancel) a session may send per second, on average"
+    )
+    answer_burst: int = Field(20, ge=1, description="such messages a session may send at once above its rate")
+    rate_limit_close_s: float = Field(
+        10.0, gt=0, description="a session still over its control budget this long after its first refusal "
+        "is closed (too_many_messages, close code 1008)"
+    )
     max_sessions: int = Field(64, ge=1, description="concurrent sessions; more are refused")
     resume_grace_s: float = Field(
         30.0, ge=0, description="a dropped session waits this long for its client to resume it (0: no resume)"

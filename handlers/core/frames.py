@@ -14,13 +14,13 @@ set ``Frame.image`` there when intake has checked the image.
 
 from __future__ import annotations
 
-import hashlib
 import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from handlers.media.frame_image import FrameImage
+from handlers.media.preparation import content_key  # noqa: F401 (a frame's identity)
 
 
 # Every Frame of the process, weakly: the leak check behind ``live_frame_count``.
@@ -35,16 +35,6 @@ def live_frame_count() -> int:
     frames that are merely waiting for the cycle collector).
     """
     return sum(1 for frame in list(_ALL_FRAMES) if not frame.released or frame.image is not None)
-
-
-def content_key(data: bytes) -> str:
-    """Return the frame's identity: the first 32 hex digits of the SHA-256 of its encoded bytes.
-
-    Equal bytes give equal keys; the engine's multimodal cache trusts this key, so it
-    must never be anything weaker than a content hash. SHA-256 rather than BLAKE2b: CPUs
-    with SHA extensions hash a 70 KB frame in less than half BLAKE2b's time.
-    """
-    return hashlib.sha256(data).hexdigest()[:32]
 
 
 @dataclass(eq=False)

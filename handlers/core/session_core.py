@@ -9,14 +9,12 @@ carries out what it returns; tests can drive it directly.
 from __future__ import annotations
 
 import base64
-import binascii
 import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from functools import partial
 
-import pybase64
 from pydantic import ValidationError
 
 from handlers.wire.commands import (
@@ -38,6 +36,7 @@ from handlers.wire.commands import (
 )
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.core.frames import Frame, FrameBuffer
+from handlers.media.preparation import PreparedFrame, decode_base64
 from handlers.core.lifecycle import Answer
 from handlers.core.prompt import frame_time_s, render_timeline
 from handlers.wire.protocol import (
@@ -56,7 +55,7 @@ from handlers.wire.protocol import (
     VideoQuery,
     describe_validation_error,
 )
-from handlers.core.similarity import DEFAULT_THRESHOLD, SimilarityFilter
+from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.core.timeline import Exchange, Timeline, interrupted_answer
 from handlers.core.turn_detection import RATE, SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
 from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
@@ -132,11 +131,22 @@ class SpokenQuestion:
 
 @dataclass(frozen=True, slots=True)
 class FrameIntake:
-    """What happened to one incoming frame."""
+    """What happened to one incoming frame, and what the adapter does next: send ``ack``
+    (when the frame has an id), and, when ``warm_due``, have the prefix warmed."""
 
     ack: FrameAck | None
     frame: Frame | None  # the buffered frame, None when filtered
     evicted: list[Frame]
+    warm_due: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStep:
+    """One prefill the adapter runs for the core: ``prompt`` over ``frames``, which stay
+    pinned until ``SessionCore.warmed`` is called with this step."""
+
+    frames: list[Frame]
+    prompt: Prompt
 
 
 @dataclass
@@ -171,24 +181,6 @@ class PendingInput:
 FIXED_AT_START = frozenset({"model", "prefix_warmup"})
 #: Most text that pending inputs (or system items) may hold, like ``video.query``'s text.
 MAX_INPUT_CHARS = 20_000
-
-
-def decode_base64(data: str, code: ErrorCode, what: str, frame_id: str | int | None = None) -> bytes:
-    """Strict base64 (data-URL prefixes allowed). Raises ``SessionError`` with ``code``."""
-    if data.startswith("data:"):
-        data = data.partition(",")[2]
-    try:
-        raw = pybase64.b64decode(data, validate=True)  # SIMD: 0.01 ms for a 70 KB frame, 0.5 ms in base64
-    except (binascii.Error, ValueError):
-        # pybase64 also refuses what the standard library lets pass (data after the padding):
-        # the standard library decides, so the same messages are accepted either way.
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise SessionError(code, f"{what} is not valid base64", frame_id=_fid(frame_id)) from None
-    if not raw:
-        raise SessionError(code, f"{what} is empty", frame_id=_fid(frame_id))
-    return raw
 
 
 def _fid(frame_id: str | int | None) -> str | None:
@@ -401,6 +393,18 @@ class SessionCore:
             self.origin = frame
         evicted = self.buffer.add(frame)
         return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted), frame, evicted)
+
+    def take_frame(self, event: VideoFrame, prepared: PreparedFrame, receive_ms: float, now_ms: float) -> FrameIntake:
+        """Filter and buffer a frame prepared off the loop (``preparation.prepare_frame``):
+        the buffered frame gets its picture and intake times here. ``receive_ms``: when the
+        frame was read; ``now_ms``: now (both wall clock, ms)."""
+        intake = self.accept_frame(event, prepared.raw, prepared.key, prepared.thumb, receive_ms)
+        if intake.frame is not None:
+            intake.frame.image = prepared.image
+            intake.frame.decode_ms = prepared.decode_ms
+            intake.frame.decoded_ts_ms = now_ms
+        warm_due = self.warm_prefix and (intake.frame is not None or bool(intake.evicted))
+        return replace(intake, warm_due=warm_due)
 
     def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:
         """A frame dropped at intake because the server cannot keep up: its ack says so
@@ -831,6 +835,19 @@ class SessionCore:
     def warm_prompt(self, frames: list[Frame] | None = None) -> Prompt:
         """The open prefix that the next query will start with (``frames``: ``warm_frames()``)."""
         return self._render(None)
+
+    def next_warm(self) -> WarmStep | None:
+        """The prefill due now (its frames pinned until ``warmed``), or None when the
+        engine's prefix already covers everything (``warm_frames``)."""
+        frames = self.warm_frames()
+        if not frames:
+            return None
+        self.buffer.pin(frames)
+        return WarmStep(frames, self.warm_prompt(frames))
+
+    def warmed(self, step: WarmStep) -> None:
+        """A prefill ended (done, failed or stopped by a question): its frames may go."""
+        self.buffer.unpin(step.frames)
 
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""

@@ -13,7 +13,7 @@ import base64
 
 import numpy as np
 
-from handlers.core.session_core import decode_base64
+from handlers.media.preparation import decode_base64
 from handlers.wire.errors import ErrorCode, SessionError
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, parse_wav, resample
 

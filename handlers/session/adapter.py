@@ -44,7 +44,6 @@ from server import blocking
 from handlers.wire.codec import V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, Command
 from handlers.core.session_core import (
-    FrameIntake,
     Limits,
     Phase,
     QueryPlan,
@@ -53,9 +52,10 @@ from handlers.core.session_core import (
     VoicePaths,
 )
 from handlers.wire.errors import CLOSE_CODES, ErrorCode, SessionError
-from handlers.session.intake import Admission, IntakeLimits, ReadAhead, decode_prepared, prepare_frame
+from handlers.media.preparation import decode_prepared, prepare_frame
+from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.core.lifecycle import Answer, Outcome, Turns, TurnState
-from handlers.core.frames import Frame, content_key
+from handlers.core.rate_limit import ControlBudget, ControlLimits, Verdict
 from handlers.session.observer import SessionObserver
 from handlers.session.resume import ParkedSession, ParkingLot
 from handlers.wire.protocol import (
@@ -80,6 +80,11 @@ from server.engines.base import AudioChunk, Capabilities, Engine, EngineError, T
 from server.speech.base import SpeechError, VadStream, Voice
 
 log = logging.getLogger("livesight.session")
+
+#: Client events that are media: bounded by bytes and shed under load, not rate-limited.
+MEDIA = (VideoFrame, AudioChunkIn)
+#: Client events that start or stop an answer: they also take from the answer budget.
+ANSWER_MOVES = (VideoQuery, AnswerRequest, ResponseCancel)
 
 
 def now_ms() -> float:
@@ -124,6 +129,7 @@ class Session:
         codec: WireCodec | None = None,
         *, intake: IntakeLimits | None = None, read_ahead: ReadAhead | None = None, admission: Admission | None = None,
         observer: SessionObserver | None = None, parking: ParkingLot | None = None, owner: str = "",
+        control: ControlLimits | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.intake = intake or IntakeLimits()
@@ -132,6 +138,9 @@ class Session:
         self.read_ahead_bytes = 0  # this session's bytes read but not yet handled
         self.waiting_messages = 0  # read, not yet handled: the session is not idle while > 0
         self.frames_unacked = 0  # frames among them (counted for the whole server by ``blocking``)
+        self.frames_read = 0  # frames queued to the frame lane, and handled there: a turn waits
+        self.frames_handled = 0  # until the frames read before it are handled
+        self.control = ControlBudget(control or ControlLimits())
         self.observer = observer or SessionObserver()
         self.transport = transport
         self.codec = codec or V1Codec()  # the wire protocol: messages <-> core events
@@ -179,12 +188,14 @@ class Session:
         try:
             if not await self._configure():
                 return
-            send, receive = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
+            frames_in, frames_out = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
+            turns_in, turns_out = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._pick_up(tg)
-                tg.start_soon(self._read, send)
-                tg.start_soon(self._process, receive)
+                tg.start_soon(self._read, frames_in, turns_in)
+                tg.start_soon(self._take_frames, frames_out)
+                tg.start_soon(self._take_turns, turns_out)
                 if self.core.warm_prefix:
                     tg.start_soon(self._warm_loop)
                 elif self.core.config.prefix_warmup:
@@ -319,36 +330,80 @@ class Session:
     async def report(self, exc: SessionError) -> None:
         """The one place a ``SessionError`` becomes an ``error`` event."""
         await self.send(
-            ErrorEvent(code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session)
+            ErrorEvent(
+                code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session,
+                retry_after_ms=exc.retry_after_ms,
+            )
         )
 
     # ------------------------------------------------------------------ reader
-    async def _read(self, queue: anyio.abc.ObjectSendStream[object]) -> None:
-        async with queue:
+    async def _read(
+        self, frames: anyio.abc.ObjectSendStream[object], turns: anyio.abc.ObjectSendStream[object]
+    ) -> None:
+        """Read messages: answer control at once (within the session's control budget), queue
+        frames to the frame lane and everything else to the turn lane. Each message is one
+        turn of the event loop at most: the reader yields after every message, so a session
+        with a backlog of buffered messages cannot hold the loop from the others."""
+        async with frames, turns:
             while True:
                 raw = await self._receive_or_idle()
+                await anyio.lowlevel.checkpoint()
                 try:
                     events = self.codec.decode(raw)
                 except SessionError as exc:
-                    await self.report(exc)
+                    if await self._within_budget(False):
+                        await self.report(exc)
                     continue
+                if not all(isinstance(e, MEDIA) for e in events):
+                    moves = any(isinstance(e, ANSWER_MOVES) for e in events)
+                    if not await self._within_budget(moves):
+                        continue
                 for event in events:
                     self.observer.received(event)
                     if isinstance(event, Ping):
                         await self.send(Pong())
                     elif isinstance(event, ResponseCancel):
-                        await self.interrupt()
+                        self._stop_answer()
                     elif isinstance(event, SessionConfig):
                         await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
                     elif isinstance(event, VideoFrame):
-                        await self._read_frame(queue, event)
+                        await self._read_frame(frames, event)
                     else:
                         if isinstance(event, (VideoQuery, AnswerRequest)):
-                            await self.interrupt()
+                            self._stop_answer()
                         self.waiting_messages += 1
-                        await queue.send((event, time.perf_counter(), 0))
+                        await turns.send((event, time.perf_counter(), self.frames_read))
                         if isinstance(event, VideoDone):
                             return
+
+    async def _within_budget(self, moves_answer: bool) -> bool:
+        """Take one control message from the session's budget (``rate_limit.py``): False when
+        it is refused (the client is told once; a client that keeps flooding is closed)."""
+        verdict = self.control.check(time.monotonic(), moves_answer)
+        if verdict is Verdict.TAKE:
+            return True
+        self.observer.refused()
+        if verdict is Verdict.TELL:
+            wait_ms = max(1, round(self.control.retry_after_s * 1000))
+            await self.report(SessionError(
+                ErrorCode.RATE_LIMITED,
+                f"too many control messages; this one was dropped. Send again in {wait_ms} ms "
+                "(messages sent before then are dropped without a reply)",
+                retry_after_ms=wait_ms,
+            ))
+        elif verdict is Verdict.CLOSE:
+            await self._fail(SessionError(
+                ErrorCode.TOO_MANY_MESSAGES,
+                f"control messages over the limit for {self.control.limits.close_after_s:g} s; closing",
+            ))
+            raise Disconnected(1008)
+        return False
+
+    def _stop_answer(self) -> None:
+        """Stop the running answer without waiting for it (the reader must keep reading);
+        its task sends its end, and the turn lane waits for that before the next answer."""
+        if self.turn is not None:
+            self.turn.scope.cancel()
 
     async def _read_frame(self, queue: anyio.abc.ObjectSendStream[object], event: VideoFrame) -> None:
         """Queue a frame within the byte budgets, or shed it with an ``overloaded`` ack."""
@@ -362,6 +417,7 @@ class Session:
                 self.read_ahead_bytes += size
                 self.waiting_messages += 1
                 self.frames_unacked += 1
+                self.frames_read += 1
                 blocking.frame_read()
                 return
         await self._shed(event)
@@ -383,37 +439,27 @@ class Session:
                 )
                 raise Disconnected
 
-    # ------------------------------------------------------------------ processor
-    async def _process(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
+    # ------------------------------------------------------------------ frame lane
+    async def _take_frames(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
+        """Check, filter and ack frames in the order read, never waiting for an answer."""
         async with queue:
             async for event, received, size in queue:
                 try:
-                    if isinstance(event, VideoFrame):
-                        await self._on_frame(event, received)
-                    elif isinstance(event, AudioChunkIn):
-                        await self._on_audio(event)
-                    elif isinstance(event, VideoQuery):
-                        await self._on_query(event, received)
-                    elif isinstance(event, VideoDone):
-                        await self._on_done()
-                        return
-                    elif isinstance(event, AnswerRequest):
-                        await self.interrupt()
-                        await self._start_turn(self.core.plan_answer(event), received)
-                    elif isinstance(event, Command):
-                        await self._on_command(event)
+                    await self._on_frame(event, received)
                 except SessionError as exc:
                     await self.report(exc)
                 finally:
                     self.waiting_messages -= 1
                     self.read_ahead_bytes -= size
                     self.server_read_ahead.give(size)
-                    if isinstance(event, VideoFrame):
-                        self.frames_unacked -= 1
-                        blocking.frame_done()
+                    self.frames_unacked -= 1
+                    blocking.frame_done()
+                    self.frames_handled += 1
+                    self._wake()
 
     async def _on_frame(self, event: VideoFrame, received: float) -> None:
-        """Check and thumbnail (off the loop, taking turns with other sessions), filter, ack."""
+        """Prepare off the loop (taking turns with other sessions), then let the core filter,
+        buffer and ack it."""
         self.core.check_frame_size(event)
         receive_ms = now_ms() - (time.perf_counter() - received) * 1000  # when it was read, not dequeued
         side = self.core.capabilities.max_image_side
@@ -429,17 +475,39 @@ class Session:
         except blocking.Overloaded:
             await self._shed(event)
             return
-        intake: FrameIntake = self.core.accept_frame(event, prepared.raw, prepared.key, prepared.thumb, receive_ms)
+        intake = self.core.take_frame(event, prepared, receive_ms, now_ms())
         self.observer.frames("accepted" if intake.frame is not None else "filtered")
         self.observer.frames("evicted", len(intake.evicted))
-        if intake.frame is not None:
-            intake.frame.image = prepared.image
-            intake.frame.decode_ms = prepared.decode_ms
-            intake.frame.decoded_ts_ms = now_ms()
-        if (intake.evicted or intake.frame is not None) and self.core.warm_prefix:
+        if intake.warm_due:
             self.turns.prefix_behind()
         if intake.ack is not None:
             await self.send(intake.ack)
+
+    # ------------------------------------------------------------------ turn lane
+    async def _take_turns(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
+        """Audio, questions, commands and ``video.done`` in the order read; each first waits
+        until the frame lane has handled every frame read before it (so a question sees them),
+        while frames read after it go on being acked."""
+        async with queue:
+            async for event, received, frames_before in queue:
+                try:
+                    await self._until(lambda: self.frames_handled >= frames_before)
+                    if isinstance(event, AudioChunkIn):
+                        await self._on_audio(event)
+                    elif isinstance(event, VideoQuery):
+                        await self._on_query(event, received)
+                    elif isinstance(event, VideoDone):
+                        await self._on_done()
+                        return
+                    elif isinstance(event, AnswerRequest):
+                        await self.interrupt()
+                        await self._start_turn(self.core.plan_answer(event), received)
+                    elif isinstance(event, Command):
+                        await self._on_command(event)
+                except SessionError as exc:
+                    await self.report(exc)
+                finally:
+                    self.waiting_messages -= 1
 
     # ------------------------------------------------------------------ microphone
     async def _on_audio(self, event: AudioChunkIn) -> None:
@@ -691,19 +759,18 @@ class Session:
         """Keep the engine's prefix over the decoded frames warm while no answer runs."""
         while True:
             await self._until(lambda: self.turns.warm_due)
-            frames = self.core.warm_frames()
-            if not frames:
+            step = self.core.next_warm()
+            if step is None:
                 self.turns.nothing_to_warm()
                 continue
-            self.core.buffer.pin(frames)
             scope = self._warm_scope = anyio.CancelScope()  # a question stops the prefill through it
             self.turns.warm()
             try:
                 with scope:
-                    await self.engine.prefill(self.id, self.core.warm_prompt(frames))
+                    await self.engine.prefill(self.id, step.prompt)
             except EngineError as exc:
                 log.warning("prefix warmup failed: %s", exc)
             finally:
                 self._warm_scope = None
-                self.core.buffer.unpin(frames)
+                self.core.warmed(step)
                 self.turns.warmed()

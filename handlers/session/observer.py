@@ -35,6 +35,9 @@ class SessionObserver:
     def frames(self, outcome: FrameOutcome, count: int = 1) -> None:
         """``count`` frames had ``outcome``."""
 
+    def refused(self) -> None:
+        """A control message was refused: the session was over its control budget."""
+
 
 class Observers(SessionObserver):
     """Several observers as one, called in order."""
@@ -61,3 +64,7 @@ class Observers(SessionObserver):
     def frames(self, outcome: FrameOutcome, count: int = 1) -> None:
         for o in self.observers:
             o.frames(outcome, count)
+
+    def refused(self) -> None:
+        for observer in self.observers:
+            observer.refused()

@@ -32,6 +32,8 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "internal_error"
     SERVER_CLOSING = "server_closing"
     RESUME_FAILED = "resume_failed"
+    RATE_LIMITED = "rate_limited"
+    TOO_MANY_MESSAGES = "too_many_messages"
 
 
 #: Codes after which the server closes the connection.
@@ -44,6 +46,7 @@ CLOSING_CODES = frozenset(
         ErrorCode.UNAUTHORIZED,
         ErrorCode.FORBIDDEN_ORIGIN,
         ErrorCode.SERVER_CLOSING,
+        ErrorCode.TOO_MANY_MESSAGES,
     }
 )
 
@@ -56,17 +59,21 @@ CLOSE_CODES = {
     ErrorCode.UNAUTHORIZED: 1008,
     ErrorCode.FORBIDDEN_ORIGIN: 1008,
     ErrorCode.SERVER_CLOSING: 1012,  # service restart: clients reconnect (elsewhere)
+    ErrorCode.TOO_MANY_MESSAGES: 1008,  # policy: clients that reconnect by themselves do not on 1008
 }
 
 
 class SessionError(Exception):
     """A problem the client should hear about, with a stable code and a safe message."""
 
-    def __init__(self, code: ErrorCode, message: str, *, frame_id: str | None = None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, *, frame_id: str | None = None, retry_after_ms: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.frame_id = frame_id
+        self.retry_after_ms = retry_after_ms  # ``rate_limited``: when the client may send again
 
     @property
     def closes_session(self) -> bool:

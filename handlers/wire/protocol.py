@@ -453,6 +453,7 @@ class ErrorEvent(ServerEvent):
     message: str
     frame_id: FrameId | None = None
     closes_session: bool = False
+    retry_after_ms: int | None = None  # ``rate_limited``: wait this long before sending control again
 
 
 class Pong(ServerEvent):

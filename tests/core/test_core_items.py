@@ -26,10 +26,10 @@ from handlers.core.frames import content_key
 from handlers.wire.protocol import ResponseAudioDelta, ResponseDone, SessionConfig, Timings, VideoFrame
 from handlers.realtime import RealtimeCodec
 from handlers.realtime.audio import audio_in, g711_decode, g711_encode
-from handlers.core.similarity import thumbnail
+from handlers.media.similarity import thumbnail
 from server.engines.base import Capabilities, TextSegment
 from server.speech.wav import encode_wav
-from tests.conftest import b64, jpeg_frame
+from tests.protocol_client import b64, jpeg_frame
 
 LIMITS = Limits(
     max_frame_bytes=100_000, max_audio_bytes=1000, max_queue=10, idle_timeout_s=5, max_history_turns=2,

@@ -12,9 +12,9 @@ from handlers.core.frames import Frame, content_key
 from handlers.core.prompt import Exchange, build_prompt
 from handlers.wire.protocol import SessionConfig, VideoFrame, VideoQuery, parse_client_event
 from handlers.core.timeline import INTERRUPTED_MARK, Timeline, TimelineTurn
-from handlers.core.similarity import thumbnail
+from handlers.media.similarity import thumbnail
 from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextSegment
-from tests.conftest import b64, jpeg_frame
+from tests.protocol_client import b64, jpeg_frame
 
 LIMITS = Limits(
     max_frame_bytes=10_000, max_audio_bytes=100, max_queue=10, idle_timeout_s=5, max_history_turns=2,

@@ -15,8 +15,9 @@ from PIL import Image
 
 from handlers.media.decoder import RESIZE_SLACK, decode_image, sniff_format
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.session.intake import IntakeLimits, prepare_frame
-from server.bench.load import load_footage
+from handlers.media.preparation import prepare_frame
+from handlers.session.intake import IntakeLimits
+from server.bench.footage import load_footage
 
 
 def encode(image: Image.Image, fmt: str, **options: object) -> bytes:

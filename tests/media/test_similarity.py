@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from handlers.media.decoder import decode_image
-from handlers.core.similarity import (
+from handlers.media.similarity import (
     DEFAULT_THRESHOLD,
     FilterDecision,
     SimilarityFilter,
@@ -19,7 +19,7 @@ from handlers.core.similarity import (
     thumbnail,
     thumbnail_of,
 )
-from server.bench.load import load_footage
+from server.bench.footage import load_footage
 
 WIDTH, HEIGHT = 320, 240
 

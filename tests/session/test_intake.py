@@ -14,9 +14,10 @@ from PIL import Image
 from server import blocking
 from handlers.media.decoder import decode_image, read_header
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.session.intake import Admission, IntakeLimits, ReadAhead, prepare_frame
-from handlers.core.similarity import similarity, thumbnail, thumbnail_of
-from tests.conftest import b64, connect, jpeg_frame
+from handlers.media.preparation import prepare_frame
+from handlers.session.intake import Admission, IntakeLimits, ReadAhead
+from handlers.media.similarity import similarity, thumbnail, thumbnail_of
+from tests.protocol_client import b64, connect, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -234,7 +235,7 @@ async def test_frames_read_and_not_acked_count_as_busy_until_their_session_ends(
 def test_a_heavy_jpeg_turned_by_exif_is_decoded_turned() -> None:
     """A heavy JPEG with an EXIF orientation is finished on the heavy pool by a full decode
     that applies the turn; it is never held encoded (its readers would decode it unturned)."""
-    from handlers.session.intake import decode_prepared
+    from handlers.media.preparation import decode_prepared
 
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display

@@ -15,7 +15,7 @@ from handlers.session.voice import NativeAudioTrim, SentenceSplitter, speakable
 from handlers.core.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
 from server.engines.base import Capabilities
 from server.speech.wav import Pcm, encode_wav, parse_wav, resample, trim_leading
-from tests.conftest import b64, jpeg_frame
+from tests.protocol_client import b64, jpeg_frame
 
 LIMITS = Limits(
     max_frame_bytes=1 << 20, max_audio_bytes=64_000, max_queue=10, idle_timeout_s=5, max_history_turns=2,
@@ -200,7 +200,7 @@ def test_long_speech_keeps_the_newest_audio_instead_of_failing() -> None:
 def _frame_args(seed: int):
     from handlers.core.frames import content_key
     from handlers.wire.protocol import VideoFrame
-    from handlers.core.similarity import thumbnail
+    from handlers.media.similarity import thumbnail
 
     data = jpeg_frame(seed)
     event = VideoFrame(type="video.frame", data=b64(data), frame_id=seed)
