@@ -6,6 +6,10 @@ inputs; two prompts that share leading segments share a prefix, which an engine 
 
 Engine output is normalised into three event types: ``TextDelta``, ``AudioChunk`` and
 ``Finished`` (always last). Engine failures surface as ``EngineError``.
+
+Everything that imports an engine imports this module, the session core and its tests
+included, so it imports only what its records are made of (numpy arrays); Pillow is loaded
+by the one helper that needs it, and engines bring their own heavy libraries.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
 
 import numpy as np
-from PIL import Image
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,8 @@ def processor_image(image: np.ndarray) -> np.ndarray | Image.Image:
     a frame 1 or 3 pixels tall, which HF processors would read as channels-first (they guess
     the layout of an array from its shape): that one goes as a Pillow image."""
     if image.shape[0] in (1, 3):
+        from PIL import Image
+
         return Image.fromarray(image)
     return image
 
@@ -159,9 +167,23 @@ class EngineError(Exception):
     """The engine could not serve a request. The message is safe to log, not to send."""
 
 
+class EngineStats(TypedDict, total=False):
+    """What an engine reports of its own state in ``GET /metrics.json`` (under ``engine``).
+
+    Every key is optional, since an engine reports only what it can see; one with more to say
+    extends this record with keys of its own. Values are plain JSON. ``running_requests``:
+    requests the engine is serving now (none may be left once sessions settle);
+    ``cache_misses``: requests refused because they named an image by uuid that the model's
+    server no longer held, and sent again with the image's data.
+    """
+
+    running_requests: int
+    cache_misses: int
+
+
 class Engine(ABC):
-    """A model behind five calls. Implementations must be safe to call from one event loop
-    for many sessions at once."""
+    """A model behind five calls, and two reports on it (``kv_cache_tokens``, ``stats``).
+    Implementations must be safe to call from one event loop for many sessions at once."""
 
     capabilities: Capabilities
 
@@ -195,3 +217,10 @@ class Engine(ABC):
     def kv_cache_tokens(self) -> int | None:
         """Tokens this engine holds in its KV caches now, or None when the cache lives elsewhere."""
         return None
+
+    def stats(self) -> EngineStats:
+        """The engine's counters and state for monitoring; empty for an engine with none.
+
+        Cheap and non-blocking: it is read on the event loop, on every metrics request.
+        """
+        return EngineStats()

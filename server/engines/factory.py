@@ -12,7 +12,7 @@ def create_engine(settings: Settings) -> Engine:
     Raises ``ValueError`` when the settings cannot make that engine (engine=openai with no URL).
     """
     if settings.engine == "openai":
-        from server.engines.openai_engine import OpenAIEngine
+        from server.engines.openai import OpenAIEngine
 
         if not settings.openai_urls:
             raise ValueError("engine=openai needs openai_urls (LIVESIGHT_OPENAI_URLS=http://host:8000)")

@@ -42,6 +42,7 @@ from server.engines.base import (
     Engine,
     EngineError,
     EngineEvent,
+    EngineStats,
     Finished,
     ImageSegment,
     Prompt,
@@ -58,6 +59,14 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger("livesight.engines")
+
+
+class VllmStats(EngineStats, total=False):
+    """``VllmEngine.stats()``: ``livesight_requests`` are the requests livesight has open with
+    vLLM by its own count (``running_requests`` is vLLM's), so a leak shows as a gap."""
+
+    livesight_requests: int
+
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 _HELD_KEYS = 8192  # content keys of images vLLM was handed (a forgotten one is only handed again)
@@ -153,14 +162,14 @@ class VllmEngine(Engine):
             with anyio.CancelScope(shield=True):
                 await self._llm.abort(list(leftover), internal=True)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> VllmStats:
         """Requests the engine is running (as its front end sees them) and those livesight tracks."""
         running = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
-        return {
-            "running_requests": running,
-            "livesight_requests": sum(len(v) for v in self._live.values()),
-            "cache_misses": self._cache_misses,
-        }
+        return VllmStats(
+            running_requests=running,
+            livesight_requests=sum(len(v) for v in self._live.values()),
+            cache_misses=self._cache_misses,
+        )
 
     # ------------------------------------------------------------------ requests
     async def prefill(self, session_id: str, prompt: Prompt) -> int:

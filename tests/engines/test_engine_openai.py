@@ -41,7 +41,8 @@ from server.engines.base import (
     TextSegment,
     Usage,
 )
-from server.engines.openai_engine import OpenAIEngine, Replica, rendezvous_order
+from server.engines.openai import OpenAIEngine
+from server.engines.openai.replicas import Replica, rendezvous_order
 from server.settings import Settings
 from tests import engine_scenarios as scenarios
 from tests.conftest import connect, jpeg_frame
@@ -518,7 +519,7 @@ def test_remote_usage_splits_prompt_tokens() -> None:
     prompt tokens less an estimate of its text; spoken words are estimated as audio tokens;
     image + audio never exceed the prompt."""
     from server.engines.base import ChatTurn, ImageSegment, Prompt, TextSegment, Usage
-    from server.engines.openai_engine import remote_usage
+    from server.engines.openai.usage import remote_usage
 
     image = ImageSegment("k1", np.zeros((8, 8, 3), np.uint8))
     prompt = Prompt((ChatTurn("system", (TextSegment("x" * 40),)), ChatTurn("user", (image, TextSegment("y" * 20)))),
