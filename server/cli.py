@@ -71,7 +71,8 @@ def stream(args: argparse.Namespace) -> int:
 
     from websockets.exceptions import WebSocketException
 
-    from server.client.stream import Question, StreamError, run_stream
+    from server.client.connection import StreamError
+    from server.client.runner import Question, run_stream
 
     sampling = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature)) if v is not None}
     config = {
@@ -167,14 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         path = make_tiny_model(args.dir, family=args.family, init_std=args.init_std, seed=args.seed)
         print(f"wrote a random-weight {args.family} model to {path}")
     elif args.command == "bench":
-        from server.bench.ttft import run_ttft
-
         logging.basicConfig(level="WARNING")
         if args.bench == "ttft" and args.conversation:
             from server.bench.conversation import run_conversation
 
             print(run_conversation(args.model, [int(n) for n in args.frames.split(",")], args.queries))
         elif args.bench == "ttft":
+            from server.bench.ttft import run_ttft
+
             counts = [int(n) for n in args.frames.split(",")]
             print(run_ttft(args.model, counts, args.queries))
         elif args.bench == "engine":
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_voice(args.model, args.answers, args.max_tokens))
         else:
-            from server.bench.ttft import run_intake
+            from server.bench.intake import run_intake
 
             print(run_intake(args.model, args.frames))
     return 0

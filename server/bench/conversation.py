@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from server.background import RunningServer, run_server
-from server.bench.ttft import bench_frame, wait_idle
+from server.bench.footage import bench_frame
+from server.bench.served import wait_idle
 from server.client.connection import Connection
 from server.settings import Settings
 

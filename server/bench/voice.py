@@ -10,24 +10,19 @@
   speech really is, and the transcript with the words.
 - Barge-in: a question spoken over a running answer; the cut-off is the time from the audio
   chunk that let the detector fire to the interrupted ``response.done``.
-
-The spoken-question helpers here are shared with the tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import statistics
 import time
-import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from handlers.session.voice import SentenceSplitter
 from handlers.wire.protocol import (
     InputAudioSpeechStarted,
     InputAudioSpeechStopped,
@@ -37,9 +32,10 @@ from handlers.wire.protocol import (
     ResponseTextDelta,
     SessionReady,
 )
-from handlers.session.voice import SentenceSplitter
+from server.bench.footage import bench_frame
+from server.bench.spoken import espeak, speak_clip
 from server.client.connection import Connection, Match, Received, matcher
-from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
+from server.speech.wav import INPUT_RATE, OUTPUT_RATE
 
 QUESTIONS = ["what is on the table", "how many people are in the room", "is the door open"]
 PARAGRAPH = (
@@ -48,64 +44,6 @@ PARAGRAPH = (
     "Nothing else moves in the room. The light is warm, as in the late afternoon. On the wall "
     "there is a clock that says ten past five. The second cup is still on the table, half full."
 )
-
-
-# ---------------------------------------------------------------------- spoken questions
-
-
-@dataclass(frozen=True)
-class SpokenClip:
-    """A question spoken by eSpeak NG: 16 kHz PCM16 with silence around it, and where the
-    speech really is (first and last sample above 2% of the peak)."""
-
-    text: str
-    pcm16: bytes
-    speech_start_ms: float
-    speech_end_ms: float
-
-    @property
-    def duration_ms(self) -> float:
-        return len(self.pcm16) / 2 * 1000 / INPUT_RATE
-
-
-def speak_clip(
-    text: str, *, lead_ms: float = 600, tail_ms: float = 900, noise: float = 0.0, seed: int = 0,
-    voice: str = "en-us", rate: float = 1.0,
-) -> SpokenClip:
-    """``text`` spoken by eSpeak NG as microphone audio; ``noise`` adds a Gaussian floor (PCM steps)."""
-    from server.speech.espeak import EspeakSynthesizer
-
-    synth = _synth(EspeakSynthesizer)
-    speech = resample(Pcm(synth.speak_sync(text, voice, rate), OUTPUT_RATE), INPUT_RATE).samples
-    x = np.frombuffer(speech, "<i2").astype(np.float32)
-    active = np.nonzero(np.abs(x) > 0.02 * np.abs(x).max())[0]
-    lead, tail = int(INPUT_RATE * lead_ms / 1000), int(INPUT_RATE * tail_ms / 1000)
-    y = np.concatenate([np.zeros(lead, np.float32), x, np.zeros(tail, np.float32)])
-    if noise:
-        y += np.random.default_rng(seed).normal(0.0, noise, len(y)).astype(np.float32)
-    pcm = np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
-    ms = 1000 / INPUT_RATE
-    return SpokenClip(text, pcm, (lead + active[0]) * ms, (lead + active[-1] + 1) * ms)
-
-
-_SYNTHS: dict[type, Any] = {}
-
-
-def _synth(kind: type) -> Any:
-    if kind not in _SYNTHS:
-        synth = kind()
-        synth.load()
-        _SYNTHS[kind] = synth
-    return _SYNTHS[kind]
-
-
-def wav_info(data: bytes) -> tuple[int, int, int, int, int]:
-    """(rate, channels, sample width, frames, data bytes) of a WAV file read with ``wave``.
-    Raises ``wave.Error`` for an invalid file."""
-    with wave.open(io.BytesIO(data)) as w:
-        frames = w.getnframes()
-        payload = w.readframes(frames)
-        return w.getframerate(), w.getnchannels(), w.getsampwidth(), frames, len(payload)
 
 
 # ---------------------------------------------------------------------- a recording client
@@ -145,8 +83,6 @@ class VoiceClient:
             self._arrived.set()
 
     async def frame(self, seed: int = 0) -> None:
-        from server.bench.ttft import bench_frame
-
         await self.conn.send_frame(bench_frame(seed), frame_id=f"f{seed}")
         await self.wait_for("video.frame.ack")
 
@@ -219,9 +155,7 @@ def first_sentence_latency_ms(client: VoiceClient, request_id: str, max_chars: i
 
 def speech_rtf(repeats: int = 3) -> tuple[float, float]:
     """(real-time factor, median ms per sentence) of eSpeak synthesis plus resampling."""
-    from server.speech.espeak import EspeakSynthesizer
-
-    synth = _synth(EspeakSynthesizer)
+    synth = espeak()
     sentences = SentenceSplitter(240).feed(PARAGRAPH + " ") + SentenceSplitter(240).flush()
     work, audio, per = 0.0, 0.0, []
     for _ in range(repeats):

