@@ -1,10 +1,11 @@
-# The two commands of the README: `make serve` and `make test`.
+# The two commands of the README: `make serve` and `make test` (everything).
+# `make test-core`: the core tier alone (tests/conftest.py names the tiers): no torch, no model.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps serve test bench clean
+.PHONY: setup system-deps serve test test-core bench clean
 
 # Debian packages the test suite drives (a real Chromium for the browser test).
 APT_PACKAGES := chromium docker-compose
@@ -32,6 +33,9 @@ system-deps:
 
 test: $(STAMP) system-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(ARGS)
+
+test-core: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m core $(ARGS)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/livesight bench ttft $(ARGS)

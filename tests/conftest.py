@@ -1,18 +1,28 @@
-"""Shared fixtures: a tiny generated model, a real server on a real socket, a client."""
+"""The suite's tiers and what every test shares; nothing heavy is imported here.
+
+Folders mirror the source (tests/core tests handlers/core, tests/engines server/engines, ...);
+a test's tier comes from its path, through ``TIERS`` below, never from a marker in its file:
+
+    core     pure code driven by calls and events: no socket, no engine, no torch, seconds
+    session  the session adapter with a scripted engine over an in-memory transport
+    socket   the real app over a real socket on port 0, or the real engine (torch, a
+             generated tiny model, a `livesight serve` child)
+    heavy    vLLM, Chromium, Debian tools (docker-compose, unshare), load and fuzz runs,
+             anything over ~20 s
+
+``pytest -m core`` (``make test-core``) imports no torch and generates no model: the files of
+other tiers are not even imported when ``-m`` names only tiers, and a run of only core and
+session tests fails if torch was loaded. The real-server fixtures live in tests/real_server.py.
+"""
 
 from __future__ import annotations
 
-import base64
-import io
-import json
 import os
-from collections.abc import Iterator
+import re
+import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # No load shedding in the suite's servers (in-process and `livesight serve` children alike): the
@@ -21,116 +31,115 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # and by the read-ahead budgets (test_intake_faults), which this does not touch.
 os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
-from server.background import RunningServer, ServerAddress, run_server  # noqa: E402
-from server.client.connection import Connection, Received  # noqa: E402
-from server.settings import Settings  # noqa: E402
-from server.models.tiny import make_tiny_model  # noqa: E402
+pytest_plugins = ("tests.real_server",)
+
+TESTS = Path(__file__).resolve().parent
+TIER_MARKERS = ("core", "session", "socket", "heavy")
+LIGHT_TIERS = frozenset({"core", "session"})
+#: The fixtures of tests/real_server.py (and tests/engines/conftest.py) that generate a model or
+#: start a server: never for a core or session test.
+REAL_SERVER_FIXTURES = frozenset({"tiny_model_dir", "server", "idefics3_model_dir"})
+_ALL_LIGHT = pytest.StashKey[bool]()
+
+#: Each test's tier: the entry for its file, else for the nearest folder above it.
+TIERS: dict[str, str] = {
+    "test_layers.py": "core",
+    "core": "core",
+    "media": "core",
+    "session": "session",
+    "session/test_intake.py": "core",  # budgets, admission, the decode pool: no session at all
+    "session/test_resume.py": "socket",
+    "realtime": "socket",
+    "server": "socket",
+    "server/test_docs.py": "core",
+    "server/test_memory.py": "core",
+    "server/test_fuzz.py": "heavy",
+    "server/test_intake_faults.py": "heavy",  # floods, 64 sessions, rounds of RSS
+    "server/test_fresh_boot.py": "heavy",  # unshare and a pytest child
+    "server/test_fairness.py": "heavy",  # busy cores, floods
+    "engines": "socket",
+    "engines/test_model_thread.py": "core",
+    "engines/test_detokenizer.py": "core",
+    "engines/test_engine_vllm.py": "heavy",
+    "engines/test_engine_openai.py": "heavy",
+    "engines/test_vllm_cpu_defaults.py": "heavy",
+    "models": "socket",
+    "speech": "socket",
+    "speech/test_speech.py": "core",
+    "speech/test_voice_recognisers.py": "heavy",  # recogniser processes killed and replaced
+    "client": "socket",
+    "client/test_connection.py": "core",
+    "browser": "heavy",
+    "docker": "heavy",
+}
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of the test file at ``path`` (None: outside ``TIERS``)."""
+    try:
+        rel = Path(path).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return None
+    while rel:
+        if rel in TIERS:
+            return TIERS[rel]
+        rel = rel.rpartition("/")[0]
+    return None
+
+
+_TIER_EXPRESSION = re.compile(r"^(\s|\(|\)|\band\b|\bor\b|\bnot\b|" + "|".join(rf"\b{t}\b" for t in TIER_MARKERS) + r")*$")
+
+
+def _selected_by(markexpr: str, tier: str) -> bool | None:
+    """Whether ``-m markexpr`` keeps a test of ``tier``; None when it names other markers too."""
+    if not markexpr.strip() or not _TIER_EXPRESSION.match(markexpr):
+        return None
+    return bool(eval(markexpr, {"__builtins__": {}}, {t: t == tier for t in TIER_MARKERS}))  # noqa: S307 - tokens checked above
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m`` with tiers only, files of the other tiers are not imported at all."""
+    if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+        return None
+    tier = tier_of(collection_path)
+    if tier is None:
+        return None  # collected, and refused below
+    if _selected_by(config.option.markexpr or "", tier) is False:
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers given here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test its tier; refuse one outside ``TIERS``, with a tier marker of its own, or
+    of a light tier asking for a real server."""
+    problems = []
+    for item in items:
+        tier = tier_of(item.path)
+        own = [m.name for m in item.iter_markers() if m.name in TIER_MARKERS]
+        if tier is None:
+            problems.append(f"{item.nodeid}: no tier (add its file or folder to TIERS in tests/conftest.py)")
+            continue
+        if own:
+            problems.append(f"{item.nodeid}: marked {own} in its file; its tier comes from TIERS ({tier})")
+        if tier in LIGHT_TIERS and REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            problems.append(f"{item.nodeid}: a {tier} test asks for a real server or model")
+        item.add_marker(getattr(pytest.mark, tier))
+    if problems:
+        raise pytest.UsageError("tests without exactly one tier:\n  " + "\n  ".join(problems))
+    config.stash[_ALL_LIGHT] = bool(items) and all(tier_of(item.path) in LIGHT_TIERS for item in items)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run that collected only core and session tests fails if torch was imported."""
+    if session.config.stash.get(_ALL_LIGHT, False) and "torch" in sys.modules:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("ERROR: torch was imported by a run of core and session tests only", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture
 def anyio_backend() -> str:
+    """The anyio tests run on asyncio, as the server does."""
     return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default demo model family, generated once per test run."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen"), family="qwen2_5_vl")
-
-
-@pytest.fixture(scope="session")
-def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    """The real server with the real transformers engine on the tiny model."""
-    # No resume here: a test that drops a connection must not leave a parked session (and its
-    # frames) behind for the next test's leak checks; tests/session/test_resume.py has its own server.
-    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0)
-    with run_server(settings) as running:
-        yield running
-
-
-# ---------------------------------------------------------------------- media
-
-
-def jpeg_frame(seed: int = 0, size: tuple[int, int] = (320, 240), quality: int = 80) -> bytes:
-    """A JPEG of a random smooth picture (different seeds differ a lot)."""
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
-    img = Image.fromarray(small).resize(size, Image.BILINEAR)
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=quality)
-    return buf.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-# ---------------------------------------------------------------------- client
-
-
-class Client(Connection):
-    """The package's protocol client with each event as a dict, every field as on the wire.
-
-    Every event is parsed by ``parse_server_event`` too: one the protocol does not know fails
-    the test (``UnknownEvent``). Messages go out as the test writes them (often invalid on
-    purpose), not through the typed senders.
-    """
-
-    def __init__(self, ws: Any) -> None:
-        super().__init__(ws)
-        self.events: list[dict[str, Any]] = []
-
-    async def receive(self, timeout: float | None = None) -> Received:
-        received = await super().receive(timeout)
-        self.events.append(received.data)
-        return received
-
-    async def send(self, **message: Any) -> None:
-        await self.send_raw(json.dumps(message))
-
-    async def recv(self, timeout: float = 60) -> dict[str, Any]:
-        return (await self.receive(timeout)).data
-
-    async def recv_type(self, kind: str, timeout: float = 60) -> dict[str, Any]:
-        """Skip events until one of type ``kind`` arrives; returns it."""
-        return (await self.wait_for(kind, timeout)).data
-
-    async def collect_until(self, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
-        """Every event up to and including the first of type ``kind``."""
-        return [received.data for received in await self.receive_until(kind, timeout)]
-
-    async def frame(self, frame_id: Any, seed: int | None = None, **fields: Any) -> dict[str, Any]:
-        """Send a frame and return its ack."""
-        data = jpeg_frame(seed if seed is not None else hash(str(frame_id)) % 10_000)
-        await self.send(type="video.frame", data=b64(data), frame_id=frame_id, **fields)
-        return await self.recv_type("video.frame.ack")
-
-    async def ask(self, text: str, **fields: Any) -> list[dict[str, Any]]:
-        """Ask a question and return every event up to its ``response.done``."""
-        await self.send(type="video.query", text=text, **fields)
-        return await self.collect_until("response.done", timeout=120)
-
-
-async def connect(server: ServerAddress, **config: Any) -> tuple[Client, dict[str, Any]]:
-    """Open a session; returns the client and its ``session.ready``."""
-    client, ready = await Client.open(server.ws_url, config, open_timeout=120)
-    return client, ready.data
-
-
-_MODULE_MODEL: list[Path] = []
-
-
-def tiny_model_path_for_module() -> str:
-    """The session's tiny model path for tests that start their own server."""
-    return str(_MODULE_MODEL[0])
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _remember_model(tiny_model_dir: Path) -> None:
-    _MODULE_MODEL.append(tiny_model_dir)
-
-
-@pytest.fixture(scope="session")
-def idefics3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Idefics3 (SmolVLM's family): the model vLLM loads natively, no torchvision needed."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-idefics3"), family="idefics3")

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from server.background import RunningServer
-from tests.conftest import connect
+from tests.protocol_client import connect
 
 IMAGE_TOKENS = 256  # the tiny Idefics3's tokens per frame (plus 3 markers)
 LONG_QUESTION = "the " * 4900  # ~4,900 tokens: over the test engines' max_model_len of 4096

@@ -26,7 +26,7 @@ from server.engines.base import (
     TextDelta,
     Usage,
 )
-from tests.conftest import Client
+from tests.protocol_client import Client
 
 
 def image_keys(prompt: Prompt) -> list[str]:

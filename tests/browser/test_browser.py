@@ -31,7 +31,7 @@ from PIL import Image
 from playwright.sync_api import Page, expect, sync_playwright
 
 import server.app as server_app
-from tests.conftest import RunningServer
+from server.background import RunningServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 expect.set_options(timeout=20_000)

@@ -1,5 +1,5 @@
 """The package's protocol client (server/client/connection.py): what its typed senders put on the
-wire, how it reads events back, and a session with the real server."""
+wire and how it reads events back (a session with the real server: tests/client/test_stream_client.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from handlers.wire.protocol import FrameAck, ResponseDone, SessionReady, parse_client_event
-from server.client.connection import Connection, StreamError, UnknownEvent, audio_chunk, collect_until, video_frame
-from tests.conftest import RunningServer, jpeg_frame
+from handlers.wire.protocol import FrameAck, parse_client_event
+from server.client.connection import Connection, UnknownEvent, audio_chunk, collect_until, video_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -73,23 +72,3 @@ async def test_collect_until_keeps_one_deadline() -> None:
 
     assert await collect_until(receive, lambda n: n == 3, 10) == [1, 2, 3]
     assert asked[0] <= 10 and asked == sorted(asked, reverse=True)
-
-
-async def test_a_session_with_the_real_server(server: RunningServer) -> None:
-    """Connection.open gives a typed session.ready; frames are acked, a timed question ends
-    in response.done with its first output before it; a refused config raises StreamError."""
-    conn, ready = await Connection.open(server.ws_url, {"sampling": {"max_tokens": 3}, "prefix_warmup": False})
-    try:
-        assert isinstance(ready.event, SessionReady) and ready.data["session_id"] == ready.event.session_id
-        for i in range(2):
-            await conn.send_frame(jpeg_frame(700 + i), frame_id=i, pts_ms=i * 500)
-        acks = await conn.wait_acks(2)
-        assert [a.frame_id for a in acks] == [0, 1]
-        answer = await conn.ask_timed("What is it?", 120)
-        assert isinstance(answer.done, ResponseDone) and answer.done.status == "completed"
-        assert 0 < answer.first_output_ms
-    finally:
-        await conn.close()
-    with pytest.raises(StreamError) as refused:
-        await Connection.open(server.ws_url, {"max_frames": 0})
-    assert refused.value.code == "invalid_config"

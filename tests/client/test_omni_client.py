@@ -38,8 +38,8 @@ import websockets
 from PIL import Image
 from websockets.exceptions import ConnectionClosedOK
 
+from server.background import RunningServer
 from server.bench.spoken import speak_clip
-from tests.conftest import RunningServer
 
 pytestmark = pytest.mark.anyio
 

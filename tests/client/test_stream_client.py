@@ -1,4 +1,5 @@
-"""The Python client and ``livesight stream`` against the real server: a video file and an image folder."""
+"""The Python clients against the real server: ``Connection`` in one session, ``livesight stream``
+with a video file and an image folder."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from handlers.wire.protocol import ResponseDone, SessionReady
+from server.background import RunningServer
 from server.cli import main
-from server.client.connection import StreamError
+from server.client.connection import Connection, StreamError
 from server.client.runner import Question, stream_source
 from server.client.sources import folder_frames, video_frames
 from server.client.stream import StreamClient
-from tests.conftest import RunningServer, jpeg_frame
+from tests.protocol_client import jpeg_frame
 
 CONFIG = {"enable_frame_filter": False, "sampling": {"max_tokens": 6}}
 
@@ -160,3 +163,24 @@ def test_cli_stream_reports_a_missing_source(
     """A missing source is an error message and exit status 1, not a traceback."""
     assert main(["stream", str(tmp_path / "nope.mp4"), "--url", server.ws_url]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_a_session_with_the_real_server(server: RunningServer) -> None:
+    """Connection.open gives a typed session.ready; frames are acked, a timed question ends
+    in response.done with its first output before it; a refused config raises StreamError."""
+    conn, ready = await Connection.open(server.ws_url, {"sampling": {"max_tokens": 3}, "prefix_warmup": False})
+    try:
+        assert isinstance(ready.event, SessionReady) and ready.data["session_id"] == ready.event.session_id
+        for i in range(2):
+            await conn.send_frame(jpeg_frame(700 + i), frame_id=i, pts_ms=i * 500)
+        acks = await conn.wait_acks(2)
+        assert [a.frame_id for a in acks] == [0, 1]
+        answer = await conn.ask_timed("What is it?", 120)
+        assert isinstance(answer.done, ResponseDone) and answer.done.status == "completed"
+        assert 0 < answer.first_output_ms
+    finally:
+        await conn.close()
+    with pytest.raises(StreamError) as refused:
+        await Connection.open(server.ws_url, {"max_frames": 0})
+    assert refused.value.code == "invalid_config"

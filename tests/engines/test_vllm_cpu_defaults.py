@@ -9,7 +9,7 @@ import pytest
 
 from server.background import serve_process
 from server.engines.vllm_engine import CPU_KV_MAX_BYTES, CPU_KV_MIN_BYTES, MiB, cpu_kv_cache_bytes, with_cpu_kv_default
-from tests.conftest import connect
+from tests.protocol_client import connect
 
 pytestmark = pytest.mark.anyio
 GiB = 1024 * MiB

@@ -12,7 +12,7 @@ import pytest
 from server.background import RunningServer, run_server
 from server.settings import Settings
 from server.models.tiny import make_tiny_model
-from tests.conftest import connect
+from tests.protocol_client import connect
 
 pytestmark = pytest.mark.anyio
 

@@ -7,19 +7,20 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, get_args
 
 import pytest
 from openai import AsyncOpenAI
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
-from server.background import run_server
+from server.background import RunningServer, run_server
 from server.bench.spoken import speak_clip
 from server.client.connection import collect_until
 from server.settings import Settings
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
 from handlers.wire.protocol import SERVER_TYPES, parse_server_event
-from tests.conftest import RunningServer, b64, connect, jpeg_frame, tiny_model_path_for_module
+from tests.protocol_client import b64, connect, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -381,12 +382,12 @@ async def test_bad_events_get_realtime_errors_and_the_session_goes_on(server: Ru
         assert (await rt.until("conversation.item.deleted"))[-1]["item_id"] == "img7"
 
 
-async def test_bearer_key_is_required_when_keys_are_set() -> None:
+async def test_bearer_key_is_required_when_keys_are_set(tiny_model_dir: Path) -> None:
     """With api_keys set, the SDK's Bearer key opens a session, a wrong key is refused with an
     error event of the Realtime shape, and a browser's key subprotocol works."""
     import websockets
 
-    settings = Settings(model=tiny_model_path_for_module(), api_keys=["sekret"])
+    settings = Settings(model=str(tiny_model_dir), api_keys=["sekret"])
     with run_server(settings) as server:
         async with realtime(server, api_key="sekret"):
             pass

@@ -11,7 +11,7 @@ import pytest
 import websockets
 
 from server.background import ServedProcess, serve_process
-from tests.conftest import Client, b64, jpeg_frame
+from tests.protocol_client import b64, Client, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 DRAIN_S = 30

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from server.background import RunningServer
 from server.bench.fuzz import FRAME, fuzz, hostile_images, wait_for_clean_metrics
-from tests.conftest import RunningServer
 
 EXAMPLES = 2_000
 

@@ -28,7 +28,7 @@ from PIL import Image
 
 from server.background import RunningServer, run_server
 from server.settings import Settings
-from tests.conftest import b64, connect, jpeg_frame
+from tests.protocol_client import b64, connect, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 

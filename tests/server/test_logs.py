@@ -10,7 +10,7 @@ import pytest
 
 from server.background import RunningServer
 from server.logs import make_handler
-from tests.conftest import connect
+from tests.protocol_client import connect
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,6 @@ last session has closed, never while others stream, and never skipped for the la
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import anyio
 import pytest
@@ -24,6 +23,7 @@ def releases(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 async def test_no_full_collection_while_sessions_remain(releases: list[bool]) -> None:
+    """Sessions closing while others remain only trim; the last one gets the full collection."""
     ret = MemoryReturn(interval_s=0)
     await ret.session_closed(remaining=5)
     await ret.session_closed(remaining=4)
@@ -32,6 +32,7 @@ async def test_no_full_collection_while_sessions_remain(releases: list[bool]) ->
 
 
 async def test_trims_while_sessions_remain_at_most_once_per_interval(releases: list[bool]) -> None:
+    """The first close trims at once (even right after boot), later ones not within the interval; the last always."""
     ret = MemoryReturn(interval_s=3600)
     for remaining in (9, 8, 7):
         await ret.session_closed(remaining=remaining)
@@ -41,6 +42,7 @@ async def test_trims_while_sessions_remain_at_most_once_per_interval(releases: l
 
 
 async def test_last_session_closing_during_a_trim_still_gets_a_full_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last session closing while a trim runs is not lost: its full collection follows."""
     started, finish = threading.Event(), threading.Event()
     calls: list[bool] = []
 
@@ -60,9 +62,10 @@ async def test_last_session_closing_during_a_trim_still_gets_a_full_one(monkeypa
     assert calls == [False, True]
 
 
-def test_the_server_refuses_transparent_huge_pages_unless_allowed(tiny_model_dir: Path) -> None:
+def test_the_server_refuses_transparent_huge_pages_unless_allowed() -> None:
     """transparent_huge_pages reaches the process: off (the default) the kernel reports THP
-    disabled for it (``/proc/self/status``), on it is allowed again."""
+    disabled for it (``/proc/self/status``), on it is allowed again (building the app is
+    enough: the engine loads only when the app starts)."""
     from server.app import create_app
     from server.settings import Settings
 
@@ -73,9 +76,9 @@ def test_the_server_refuses_transparent_huge_pages_unless_allowed(tiny_model_dir
         raise AssertionError("this kernel reports no THP_enabled in /proc/self/status")
 
     try:
-        create_app(Settings(model=str(tiny_model_dir), transparent_huge_pages=True))
+        create_app(Settings(transparent_huge_pages=True))
         assert thp_enabled() == "1"
-        create_app(Settings(model=str(tiny_model_dir)))
+        create_app(Settings())
         assert thp_enabled() == "0"
     finally:
         memory.set_huge_pages(False)  # as every server of this test process has it

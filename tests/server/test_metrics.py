@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.background import RunningServer
 from server.metrics import Metrics, wav_seconds
 from server.speech.wav import encode_wav
-from tests.conftest import b64, connect
+from tests.protocol_client import b64, connect
 
 pytestmark = pytest.mark.anyio
 

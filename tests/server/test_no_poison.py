@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import websockets
 
+from server.background import RunningServer
 from server.engines.hf_loading import load_processor
 from server.engines.base import ChatTurn, ImageSegment, Prompt, TextSegment
 from server.engines.prompt_encoding import PromptEncoder, escape_special, special_tokens
-from tests.conftest import RunningServer, connect
+from tests.protocol_client import connect
+from tests.server.encoded_prompts import EncodedPrompts, with_text
 
 pytestmark = pytest.mark.anyio
 
@@ -46,9 +48,10 @@ async def test_special_tokens_in_a_question_then_interrupt_leave_answers_working
         await client.ws.close()
 
 
-async def test_special_tokens_in_the_system_prompt_are_plain_text(server: RunningServer) -> None:
-    """A system_prompt holding the model's special tokens does not break answers."""
-    client, _ = await connect(server, system_prompt=HOSTILE, sampling={"max_tokens": 8})
+async def test_special_tokens_in_the_system_prompt_are_plain_text(server: RunningServer, encoded_prompts: EncodedPrompts) -> None:
+    """A system_prompt holding the model's special tokens reaches the model as plain text: its
+    prompts carry exactly the special tokens of the same prompts with plain words, and answers complete."""
+    client, _ = await connect(server, system_prompt=HOSTILE, prefix_warmup=False, sampling={"max_tokens": 8})
     try:
         await client.frame(1)
         for question in ("hi", HOSTILE):
@@ -56,6 +59,11 @@ async def test_special_tokens_in_the_system_prompt_are_plain_text(server: Runnin
             assert events[-1]["status"] == "completed", events
     finally:
         await client.ws.close()
+    asked = encoded_prompts.holding(HOSTILE)
+    assert [e.turn_texts("system") for e in asked] == [[HOSTILE], [HOSTILE]]
+    for encoded in asked:
+        plain = with_text(encoded.prompt, HOSTILE, "what is this")
+        assert encoded_prompts.special_ids(encoded.prompt) == encoded_prompts.special_ids(plain), encoded.text
 
 
 def test_user_text_never_becomes_a_special_token(tiny_model_dir) -> None:

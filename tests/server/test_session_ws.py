@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
 import websockets
 
+from server.background import RunningServer, run_server
 from server.settings import Settings
-from tests.conftest import RunningServer, b64, connect, jpeg_frame, run_server
+from tests.protocol_client import Client, b64, connect, jpeg_frame
+from tests.server.encoded_prompts import EncodedPrompts
 
 pytestmark = pytest.mark.anyio
 
@@ -159,11 +162,9 @@ async def test_query_without_frames(server: RunningServer) -> None:
     await client.ws.close()
 
 
-async def test_frame_too_large() -> None:
+async def test_frame_too_large(tiny_model_dir: Path) -> None:
     """A frame over max_frame_bytes gets frame_too_large; the session goes on."""
-    from tests.conftest import tiny_model_path_for_module
-
-    settings = Settings(model=tiny_model_path_for_module(), max_frame_bytes=2048)
+    settings = Settings(model=str(tiny_model_dir), max_frame_bytes=2048)
     with run_server(settings) as small:
         client, _ = await connect(small)
         await client.send(type="video.frame", data="A" * 4096, frame_id=1)
@@ -174,11 +175,9 @@ async def test_frame_too_large() -> None:
         await client.ws.close()
 
 
-async def test_audio_overflow_clears_buffer() -> None:
+async def test_audio_overflow_clears_buffer(tiny_model_dir: Path) -> None:
     """Audio beyond max_audio_bytes gets audio_overflow, and later audio is accepted again."""
-    from tests.conftest import tiny_model_path_for_module
-
-    settings = Settings(model=tiny_model_path_for_module(), max_audio_bytes=4096)
+    settings = Settings(model=str(tiny_model_dir), max_audio_bytes=4096)
     with run_server(settings) as small:
         client, _ = await connect(small)
         chunk = b64(b"\x00\x01" * 1500)  # 3000 bytes
@@ -192,11 +191,9 @@ async def test_audio_overflow_clears_buffer() -> None:
         await client.ws.close()
 
 
-async def test_config_timeout_and_invalid_config() -> None:
+async def test_config_timeout_and_invalid_config(tiny_model_dir: Path) -> None:
     """No first message in time gets config_timeout; a bad first message gets invalid_config; both close."""
-    from tests.conftest import Client, tiny_model_path_for_module
-
-    settings = Settings(model=tiny_model_path_for_module(), config_timeout_s=0.5)
+    settings = Settings(model=str(tiny_model_dir), config_timeout_s=0.5)
     with run_server(settings) as small:
         ws = await websockets.connect(small.ws_url)
         error = json.loads(await asyncio.wait_for(ws.recv(), 10))
@@ -213,11 +210,9 @@ async def test_config_timeout_and_invalid_config() -> None:
                 await asyncio.wait_for(client.ws.recv(), 10)
 
 
-async def test_idle_timeout_closes() -> None:
+async def test_idle_timeout_closes(tiny_model_dir: Path) -> None:
     """A session that sends nothing for idle_timeout_s gets idle_timeout and is closed."""
-    from tests.conftest import tiny_model_path_for_module
-
-    settings = Settings(model=tiny_model_path_for_module(), idle_timeout_s=0.5)
+    settings = Settings(model=str(tiny_model_dir), idle_timeout_s=0.5)
     with run_server(settings) as small:
         client, _ = await connect(small)
         error = await client.recv_type("error", timeout=10)
@@ -226,11 +221,9 @@ async def test_idle_timeout_closes() -> None:
             await asyncio.wait_for(client.ws.recv(), 10)
 
 
-async def test_too_many_sessions() -> None:
+async def test_too_many_sessions(tiny_model_dir: Path) -> None:
     """A session.config beyond max_sessions is refused with too_many_sessions (and close code 1013)."""
-    from tests.conftest import tiny_model_path_for_module
-
-    settings = Settings(model=tiny_model_path_for_module(), max_sessions=1)
+    settings = Settings(model=str(tiny_model_dir), max_sessions=1)
     with run_server(settings) as small:
         first, _ = await connect(small)
         ws = await websockets.connect(small.ws_url)
@@ -241,6 +234,33 @@ async def test_too_many_sessions() -> None:
             await asyncio.wait_for(ws.recv(), 10)
         assert closed.value.rcvd.code == 1013
         await first.ws.close()
+
+
+async def test_a_session_gone_with_frames_unacked_does_not_slow_later_answers(tiny_model_dir: Path) -> None:
+    """The model gives way to frames waiting for their ack (up to model_yield_ms a step), but not
+    to those of a session that left: after 40 unread frames and a hang-up, a 16-token answer
+    takes far less than 16 such waits."""
+    yield_s = 1.0
+    with run_server(Settings(model=str(tiny_model_dir), model_yield_ms=yield_s * 1000)) as srv:
+        gone, _ = await connect(srv, enable_frame_filter=False, prefix_warmup=False)
+        data = b64(jpeg_frame(7, size=(640, 480)))
+        for i in range(40):  # a burst, then gone without reading a single ack
+            await gone.send(type="video.frame", data=data, frame_id=i)
+        await gone.ws.close()
+        async with httpx.AsyncClient(base_url=srv.http_url) as http:
+            deadline = asyncio.get_running_loop().time() + 30
+            while (await http.get("/metrics.json")).json()["sessions"]:
+                assert asyncio.get_running_loop().time() < deadline, "the session that left is still open"
+                await asyncio.sleep(0.05)
+        client, _ = await connect(srv, prefix_warmup=False, sampling={"max_tokens": 16})
+        await client.frame(1)
+        started = asyncio.get_running_loop().time()
+        done = (await client.ask("what is it?"))[-1]
+        took = asyncio.get_running_loop().time() - started
+        await client.ws.close()
+    steps = done["usage"]["completion_tokens"]
+    assert done["status"] == "completed" and steps >= 8, done
+    assert took < steps * yield_s / 2, f"{steps} tokens took {took:.1f} s: the model waited for frames of a gone session"
 
 
 async def test_max_frames_eviction_reports_dropped_frame(server: RunningServer) -> None:
@@ -340,14 +360,23 @@ async def test_video_done_waits_for_answer(server: RunningServer) -> None:
         await asyncio.wait_for(client.ws.recv(), 10)
 
 
-async def test_history_and_system_prompt_reach_prompt(server: RunningServer) -> None:
-    """A second turn's prompt holds the first exchange as text (it has more prompt tokens)."""
-    client, _ = await connect(server, system_prompt="Be brief.", prefix_warmup=False, sampling={"max_tokens": 4})
+async def test_history_and_system_prompt_reach_prompt(server: RunningServer, encoded_prompts: EncodedPrompts) -> None:
+    """The model reads the system prompt first, and a second question with the first exchange
+    (question and answer) before it, as text."""
+    system = "Be brief, said test sixty-one."
+    client, _ = await connect(server, system_prompt=system, prefix_warmup=False, sampling={"max_tokens": 4})
     await client.frame("f", seed=14)
-    first = (await client.ask("first question"))[-1]
-    second = (await client.ask("first question"))[-1]
-    assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+    first = await client.ask("first question")
+    answer = "".join(e["delta"] for e in first if e["type"] == "response.text.delta")
+    second = await client.ask("second question")
     await client.ws.close()
+    assert first[-1]["status"] == second[-1]["status"] == "completed"
+    asked = encoded_prompts.holding(system)
+    assert [e.turn_texts("system") for e in asked] == [[system], [system]]
+    text = asked[-1].text
+    assert text.index(system) < text.index("first question") < text.index("second question"), text
+    assert answer.strip() and answer.strip() in text[text.index("first question"):text.index("second question")], (answer, text)
+    assert second[-1]["usage"]["prompt_tokens"] > first[-1]["usage"]["prompt_tokens"]
 
 
 async def test_disconnect_mid_answer_aborts_and_server_goes_on(server: RunningServer) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from server.listener import uvicorn_config
 from server.settings import Settings
-from tests.conftest import b64, connect, jpeg_frame
+from tests.protocol_client import b64, connect, jpeg_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import websockets
 from handlers.session.resume import ParkedSession, ParkingLot
 from server.background import RunningServer, run_server
 from server.settings import Settings
-from tests.conftest import Client, b64, jpeg_frame
+from tests.protocol_client import b64, Client, jpeg_frame
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import pytest
 from handlers.core.session_core import Limits
 from handlers.core.frames import live_frame_count
 from handlers.session.adapter import Session
-from tests.conftest import b64, jpeg_frame
+from tests.protocol_client import b64, jpeg_frame
 from tests.scripted import MemoryTransport, ScriptedEngine, image_keys
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,7 @@ from handlers.session.adapter import Session
 from server.engines.base import AudioChunk, AudioSegment, Capabilities, EngineEvent, Finished, Prompt, Sampling, TextDelta, Usage
 from server.speech.base import SpeechError, Synthesizer, Transcriber, VadStream, Voice, VoiceActivityModel
 from server.speech.wav import encode_wav, parse_wav
-from tests.conftest import b64, jpeg_frame
+from tests.protocol_client import b64, jpeg_frame
 from tests.scripted import MemoryTransport, ScriptedEngine
 
 pytestmark = pytest.mark.anyio

@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from server.background import RunningServer
 from server.bench.spoken import speak_clip
-from tests.conftest import Client, RunningServer, b64, connect
+from tests.protocol_client import b64, Client, connect
 
 pytestmark = pytest.mark.anyio
 

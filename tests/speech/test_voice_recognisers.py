@@ -17,12 +17,12 @@ import numpy as np
 import psutil
 import pytest
 
-from server.background import run_server
+from server.background import RunningServer, run_server
 from server.bench.spoken import speak_clip
 from server.settings import Settings
 from server.speech.base import SpeechError
 from server.speech.pocketsphinx_asr import PocketsphinxTranscriber
-from tests.conftest import RunningServer, b64, connect
+from tests.protocol_client import b64, connect
 
 pytestmark = pytest.mark.anyio
 

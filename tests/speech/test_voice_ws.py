@@ -8,11 +8,11 @@ import base64
 import anyio
 import pytest
 
+from server.background import RunningServer
 from server.bench.spoken import speak_clip, wav_info
 from server.bench.voice import VoiceClient, barge_in
 from server.speech.base import SpeechError
 from server.speech.espeak import EspeakSynthesizer
-from tests.conftest import RunningServer
 
 pytestmark = pytest.mark.anyio
 
