@@ -35,13 +35,16 @@ def image_keys(prompt: Prompt) -> list[str]:
 
 @dataclass
 class ScriptedEngine(Engine):
-    """Emits ``words`` one per ``step_s``; records prefills, requests and aborts."""
+    """Emits ``words`` one per ``step_s``; records prefills, requests and aborts. With
+    ``read_images``, it reads every image of the prompt before each word, as an engine
+    computing over them would, and fails the answer when one can no longer be read."""
 
     words: list[str] = field(default_factory=lambda: ["a ", "b ", "c"])
     step_s: float = 0.0
     prefill_s: float = 0.0
     fail_next: bool = False
     warm: bool = True
+    read_images: bool = False
     prefills: list[Prompt] = field(default_factory=list)
     prefills_done: int = 0
     prefills_cancelled: int = 0
@@ -74,6 +77,8 @@ class ScriptedEngine(Engine):
         try:
             for word in self.words[: sampling.max_tokens]:
                 await anyio.sleep(self.step_s)
+                if self.read_images:
+                    self._read_images(prompt)
                 yield TextDelta(word)
             finished = True
             yield Finished("stop", Usage(10, 0, len(self.words)))
@@ -81,6 +86,17 @@ class ScriptedEngine(Engine):
             self.running.discard(request_id)
             if not finished:
                 self.aborted.append(request_id)
+
+
+    @staticmethod
+    def _read_images(prompt: Prompt) -> None:
+        for turn in prompt.turns:
+            for segment in turn.segments:
+                if isinstance(segment, ImageSegment):
+                    try:
+                        segment.pixels()
+                    except ValueError as exc:
+                        raise EngineError(f"image {segment.key} can no longer be read") from exc
 
 
 class _TestEnd:

@@ -148,18 +148,23 @@ async def test_engine_failure_is_reported_and_session_goes_on() -> None:
 
 
 async def test_frames_pinned_by_answer_survive_eviction() -> None:
-    """Frames a running answer uses keep their images when evicted, and are released after."""
-    engine = ScriptedEngine(words=["x "] * 20, step_s=0.02)
+    """Frames a running answer uses stay readable when evicted (the acks name them dropped, and
+    the answer, which reads them at every word, completes), and are released after it."""
+    engine = ScriptedEngine(words=["x "] * 20, step_s=0.02, read_images=True)
+    before = live_frame_count()
 
     async def body(t: MemoryTransport, s: Session) -> None:
         await _frames(t, 2)
         await t.put(type="video.query", text="q")
         await t.get_type("response.text.delta")
-        used = list(s.core.buffer.frames)
-        await _frames(t, 3, start=10)  # max_frames=2: both used frames are evicted now
-        assert all(f.image is not None for f in used)
-        await t.get_type("response.done")
-        await _wait(lambda: all(f.released for f in used))
+        dropped = []
+        for i in range(10, 13):  # max_frames=2: both frames the answer uses are evicted now
+            await t.put(type="video.frame", data=b64(jpeg_frame(500 + i)), frame_id=i)
+            dropped += (await t.get_type("video.frame.ack"))["dropped_frame_ids"]
+        events = await t.until("response.done")
+        assert [str(f) for f in dropped[:2]] == ["0", "1"], dropped
+        assert events[-1]["status"] == "completed" and not [e for e in events if e["type"] == "error"], events
+        await _wait(lambda: live_frame_count() == before + 2)  # only the two frames of the window
 
     await _run(engine, body, max_frames=2, enable_frame_filter=False, prefix_warmup=False)
 
