@@ -44,6 +44,7 @@ _ALL_LIGHT = pytest.StashKey[bool]()
 #: Each test's tier: the entry for its file, else for the nearest folder above it.
 TIERS: dict[str, str] = {
     "test_layers.py": "core",
+    "test_docstrings.py": "core",
     "core": "core",
     "media": "core",
     "session": "session",

@@ -44,7 +44,7 @@ from server.engines.base import (
 from server.engines.openai import OpenAIEngine
 from server.engines.openai.replicas import Replica, rendezvous_order
 from server.settings import Settings
-from tests import engine_scenarios as scenarios
+from tests.engines import engine_scenarios as scenarios
 from tests.protocol_client import connect, jpeg_frame
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,7 @@ import pytest
 
 from server.background import RunningServer, run_server
 from server.settings import Settings
-from tests import engine_scenarios as scenarios
+from tests.engines import engine_scenarios as scenarios
 from tests.protocol_client import connect
 
 pytestmark = pytest.mark.anyio
