@@ -11,7 +11,9 @@ usually an answer on the wire. ``ControlBudget`` gives each session two buckets:
 
 A refused message is not handled. The first refusal of an episode is answered with one
 ``rate_limited`` error naming when the client may send again; further refusals within that
-time are dropped without a reply (a flood must not be answered by a flood). An episode ends
+time are dropped without a reply (a flood must not be answered by a flood), and after each
+refusal the adapter reads nothing more from that client until a token is back
+(``wait_s``), so a flood costs the server about twice the rate, whatever the client sends. An episode ends
 once a second passes with no refusal; a client still being refused ``close_after_s`` into an
 episode is closed (``too_many_messages``). Real clients stay far below the defaults: a
 browser pings every 20 s, LiveKit sends a few events per user turn.
@@ -97,3 +99,9 @@ class ControlBudget:
         self.retry_after_s = max(b.wait_s() for b in buckets)
         self._told_until = now + max(self.retry_after_s, 0.2)
         return Verdict.TELL
+
+    def wait_s(self, moves_answer: bool = False) -> float:
+        """Seconds until a message (an answer move with ``moves_answer``) would be taken, as of
+        the last ``check``."""
+        buckets = (self._all, self._answers) if moves_answer else (self._all,)
+        return max(b.wait_s() for b in buckets)

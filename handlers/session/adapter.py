@@ -383,6 +383,14 @@ class Session:
         if verdict is Verdict.TAKE:
             return True
         self.observer.refused()
+        await self._refuse(verdict)
+        # Read nothing more from this client until a token is back: its flood waits in the
+        # socket (TCP pushes back) instead of costing the server a parse per message.
+        await anyio.sleep(self.control.wait_s(moves_answer))
+        return False
+
+    async def _refuse(self, verdict: Verdict) -> None:
+        """Tell the client once, or close it when it has flooded too long."""
         if verdict is Verdict.TELL:
             wait_ms = max(1, round(self.control.retry_after_s * 1000))
             await self.report(SessionError(
@@ -397,7 +405,6 @@ class Session:
                 f"control messages over the limit for {self.control.limits.close_after_s:g} s; closing",
             ))
             raise Disconnected(1008)
-        return False
 
     def _stop_answer(self) -> None:
         """Stop the running answer without waiting for it (the reader must keep reading);
