@@ -8,12 +8,20 @@ and hostile images: decompression bombs, extreme aspect ratios, CMYK JPEG, 16-bi
 palette PNG, animated GIF and PNG, truncated and bit-flipped files.
 
 One session takes them all. After each message a valid frame (``sync-N``) is sent: frames
-are processed in order, so by its ack every direct answer to the message has arrived. The
-check: every ``error`` has a code documented for that message (or is the late
-``invalid_image`` of a frame acked before), never closes the session, and every frame with a
+are processed in order, so by its ack every direct answer of the frame lane has arrived.
+Audio and questions go through the turn lane, beside the frames, so their errors may come
+after a later message's marker (``LATE``). The check: every ``error`` has a code documented
+for that message (or a late one), never closes the session, and every frame with a
 ``frame_id`` got an ack or an error naming it. Every 25 messages a ``ping`` must get its
 ``pong``; at the end the session is closed and ``/metrics`` must show no session and no live
-frame.
+frame. The fuzzed server's control budget is raised so that the parser, not the budget, is
+what answers.
+
+``control_floods`` then sends storms of control messages (pings, questions, cancels, junk,
+second configs), generated the same way, back to back through one session of a server with
+the default budget: every answer must be its message's documented one or ``rate_limited``
+(with ``retry_after_ms``; at most one per tenth of the storm: a flood is not answered by a
+flood), nothing closes the session, and after a quiet second a ping gets its pong.
 """
 
 from __future__ import annotations
@@ -38,7 +46,10 @@ PARSE = frozenset({"invalid_json", "invalid_message", "unknown_type"})
 FRAME = PARSE | {"invalid_image", "frame_too_large"}
 AUDIO = PARSE | {"invalid_audio", "audio_overflow", "transcription_failed"}
 QUERY = AUDIO | {"no_frames", "invalid_image"}
-LATE = frozenset({"invalid_image", "no_frames", "transcription_failed"})  # from earlier frames/answers
+# From earlier frames and answers, or from the turn lane (audio, questions), which runs beside frames.
+LATE = frozenset({"invalid_image", "no_frames", "transcription_failed", "invalid_audio", "audio_overflow"})
+#: A control budget high enough that the fuzz session is never rate-limited (``run_fuzz``).
+UNLIMITED_CONTROL = {"control_rate_per_s": 1e6, "control_burst": 10**6, "answer_rate_per_s": 1e6, "answer_burst": 10**6}
 
 
 @dataclass(frozen=True)
@@ -357,6 +368,98 @@ def fuzz(url: str, messages: int, seed: int | None = None) -> FuzzStats:
             holder["session"].shut()
 
 
+# ---------------------------------------------------------------------- control floods
+
+
+@dataclass
+class FloodStats:
+    storms: int = 0
+    messages: int = 0
+    rate_limited: int = 0
+    pongs: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def control_storms() -> Any:
+    """The hypothesis strategy of storms: lists of 250-400 control messages, each with the
+    codes its kind may get."""
+    from hypothesis import strategies as st
+
+    control = st.one_of(
+        st.just(Hostile(json.dumps({"type": "ping"}), PARSE, None, "ping")),
+        st.text(max_size=30).map(lambda t: Hostile(json.dumps({"type": "video.query", "text": t}), QUERY, None, "query")),
+        st.just(Hostile(json.dumps({"type": "response.cancel"}), PARSE, None, "cancel")),
+        st.just(Hostile(json.dumps({"type": "session.config"}), PARSE, None, "second config")),
+        st.text(max_size=20).map(lambda t: Hostile(t, PARSE, None, "junk")),
+        st.sampled_from(["response.done", "_internal.x", "watch", ""]).map(
+            lambda t: Hostile(json.dumps({"type": t}), PARSE, None, "unknown type")),
+    )
+    return st.lists(control, min_size=250, max_size=400)
+
+
+def control_floods(url: str, storms: int = 4, seed: int | None = None) -> FloodStats:
+    """Send ``storms`` generated storms of control messages back to back through one session
+    at ``url`` (a server with the default control budget); returns the counts. Raises
+    ``AssertionError`` on an answer that is neither documented nor ``rate_limited``."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fix_seed
+
+    runner = asyncio.Runner()
+    conn, _ = runner.run(Connection.open(url, {"sampling": {"max_tokens": 1, "seed": 0}}, open_timeout=60))
+    stats = FloodStats()
+
+    async def storm(messages: list[Hostile]) -> None:
+        allowed = frozenset().union(*(m.allowed for m in messages)) | LATE | {"rate_limited"}
+        for message in messages:
+            await conn.send_raw(message.raw)
+        # The reader answers control in order, and reads a frame only after every message sent
+        # before it: by the frame's ack, every answer of the storm has come.
+        frame_id = f"storm-{stats.storms}"
+        await conn.send_frame(bench_frame(stats.storms, (64, 48)), frame_id=frame_id)
+        told = 0
+        events = await conn.receive_until(lambda e: isinstance(e, FrameAck) and e.frame_id == frame_id, timeout=120)
+        await asyncio.sleep(1.2)  # a quiet second ends the episode, and tokens come back
+        await conn.ping()
+        events += await conn.receive_until("pong", timeout=30)
+        for received in events:
+            event = received.event
+            if isinstance(event, ErrorEvent):
+                stats.errors[event.code] = stats.errors.get(event.code, 0) + 1
+                if event.code not in allowed:
+                    raise AssertionError(f"a control storm got undocumented {event.code}: {event.message}")
+                if event.closes_session:
+                    raise AssertionError(f"a control storm closed the session: {event}")
+                if event.code == "rate_limited":
+                    told += 1
+                    if not event.retry_after_ms or event.retry_after_ms <= 0:
+                        raise AssertionError(f"rate_limited without retry_after_ms: {event}")
+            elif event.type == "pong":
+                stats.pongs += 1
+        if not told:  # 250 messages at once are over a burst of 100 unless read at < 40/s
+            raise AssertionError(f"a storm of {len(messages)} control messages was never told rate_limited")
+        if told > len(messages) / 10:
+            raise AssertionError(f"{told} rate_limited errors for a storm of {len(messages)}: a flood answered by a flood")
+        stats.rate_limited += told
+        stats.messages += len(messages)
+        stats.storms += 1
+
+    # No shrinking: the storms share one session, whose budget carries from one to the next.
+    @settings(max_examples=storms, deadline=None, database=None, derandomize=seed is None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(control_storms())
+    def one(messages: list[Hostile]) -> None:
+        runner.run(storm(messages))
+
+    if seed is not None:
+        one = fix_seed(seed)(one)
+    try:
+        one()
+        return stats
+    finally:
+        runner.run(conn.close())
+        runner.close()
+
+
 def run_fuzz(model: str | None, examples: int, seed: int | None) -> str:
     """The ``livesight bench fuzz`` report."""
     import logging
@@ -365,14 +468,20 @@ def run_fuzz(model: str | None, examples: int, seed: int | None) -> str:
     from server.settings import Settings
 
     logging.getLogger("livesight").setLevel(logging.ERROR)
-    settings = Settings(model=model)
-    with run_server(settings) as running:
+    with run_server(Settings(model=model, **UNLIMITED_CONTROL)) as running:
         stats = fuzz(running.ws_url, examples, seed)
         metrics = wait_for_clean_metrics(running.http_url)
+    with run_server(Settings(model=model)) as running:
+        floods = control_floods(running.ws_url, seed=seed)
+        flood_metrics = wait_for_clean_metrics(running.http_url)
     codes = ", ".join(f"{k} {v}" for k, v in sorted(stats.errors.items()))
+    flood_codes = ", ".join(f"{k} {v}" for k, v in sorted(floods.errors.items()))
     return (
         f"{stats.messages} hostile messages in {stats.seconds:.1f} s "
         f"({stats.messages / max(stats.seconds, 1e-9):.0f}/s), all answered as documented; "
         f"{stats.acks} acks; errors: {codes}\n"
-        f"after close: sessions {metrics['sessions']}, frames_live {metrics['frames_live']}"
+        f"after close: sessions {metrics['sessions']}, frames_live {metrics['frames_live']}\n"
+        f"{floods.storms} control storms, {floods.messages} messages at the default budget: "
+        f"{floods.rate_limited} rate_limited notices, {floods.pongs} pongs; errors: {flood_codes}; "
+        f"after close: sessions {flood_metrics['sessions']}"
     )

@@ -6,17 +6,42 @@ from __future__ import annotations
 
 import pytest
 
-from server.background import RunningServer
-from server.bench.fuzz import FRAME, fuzz, hostile_images, wait_for_clean_metrics
+from collections.abc import Iterator
+from pathlib import Path
+
+from server.background import RunningServer, run_server
+from server.bench.fuzz import FRAME, UNLIMITED_CONTROL, control_floods, fuzz, hostile_images, wait_for_clean_metrics
+from server.settings import Settings
 
 EXAMPLES = 2_000
 
 
-def test_hostile_messages_get_their_documented_answers(server: RunningServer) -> None:
+@pytest.fixture(scope="module")
+def unlimited_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    """A server whose control budget never refuses: the parser, not the budget, answers."""
+    with run_server(Settings(model=str(tiny_model_dir), resume_grace_s=0, **UNLIMITED_CONTROL)) as running:
+        yield running
+
+
+def test_control_storms_get_documented_answers_or_rate_limited(server: RunningServer) -> None:
+    """Storms of 250-400 control messages back to back (pings, questions, cancels, junk, second
+    configs) at the default budget: each answer is documented or ``rate_limited`` (with
+    ``retry_after_ms``, not one per message), the session stays open and pongs after a quiet
+    second; nothing is left after it closes."""
+    stats = control_floods(server.ws_url, storms=4)
+    assert stats.storms == 4 and stats.rate_limited >= 4
+    assert stats.pongs >= 4
+    print(f"floods: {stats}")
+    metrics = wait_for_clean_metrics(server.http_url)
+    assert metrics["frames_live"] == 0 and metrics["sessions"] == 0
+
+
+def test_hostile_messages_get_their_documented_answers(unlimited_server: RunningServer) -> None:
     """Malformed and wrong-typed JSON, surrogates, huge values and hostile images (bombs,
     extreme aspect ratios, CMYK, 16-bit, animated, truncated) each get an ack or an error with
     a documented code; the session keeps answering pings and acking frames; after it closes,
     /metrics shows no session and no live frame."""
+    server = unlimited_server
     stats = fuzz(server.ws_url, EXAMPLES)
     assert stats.messages >= EXAMPLES
     assert stats.errors.get("invalid_image", 0) > 0 and stats.errors.get("invalid_message", 0) > 0
