@@ -133,6 +133,26 @@ def main(argv: list[str] | None = None) -> int:
     p_load.add_argument("--ask-every", type=float, default=30.0, help="seconds between a session's questions (0: none)")
     p_load.add_argument("--serve-args", default="", help='more flags for the server, e.g. "--intake-max-wait-ms 30"')
     p_load.add_argument("--clients", type=int, default=2, help="load generator processes the sessions are split over")
+    p_load.add_argument(
+        "--continuous", action="store_true",
+        help="each session asks its next question the moment the previous answer's response.done arrives "
+        "(--ask-every is not used; no probe); prints the answers' rate and TTFT and the sessions' own acks",
+    )
+    p_load.add_argument("--max-tokens", type=int, default=8,
+                        help="longest answer in tokens (1: answers end at once, the hard case with --continuous)")
+    p_load.add_argument(
+        "--prefix-warmup", action=argparse.BooleanOptionalAction, default=None,
+        help="the sessions' prefix_warmup (default: off, on with --continuous, as an asking client keeps it)",
+    )
+    p_load.add_argument(
+        "--busy", type=int, default=0, metavar="N",
+        help="N more processes spin on the CPU for the whole run (a host whose cores other work keeps busy)",
+    )
+    p_load.add_argument(
+        "--flood", choices=["ping", "query", "cancel"], default=None,
+        help="one more session sends this message back to back, reading the replies, in the second half of the "
+        "run (no probe); prints the other sessions' acks without and with the flood and what the flooder got back",
+    )
 
     p_storm = bench_sub.add_parser("storm", help="a session streaming while a hundred others connect and leave at once")
     p_storm.add_argument("--model", default=None)
@@ -188,10 +208,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_fuzz(args.model, args.messages, args.seed))
         elif args.bench == "load":
-            from server.bench.load import run_load
+            from server.bench.load import Scenario, run_load
 
-            print(run_load(args.model, args.sessions, args.fps, args.seconds, args.ask_every, args.serve_args.split(),
-                           clients=args.clients))
+            warm = args.continuous if args.prefix_warmup is None else args.prefix_warmup
+            scenario = Scenario(args.fps, args.seconds, args.ask_every, args.continuous, args.max_tokens, warm)
+            print(run_load(args.model, args.sessions, scenario, args.serve_args.split(), clients=args.clients,
+                           busy=args.busy, flood=args.flood))
         elif args.bench == "storm":
             from server.bench.storm import run_storm
 
