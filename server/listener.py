@@ -15,7 +15,10 @@ It also parses what a client sent in slices of ``PARSE_SLICE_BYTES``, one slice 
 the event loop: uvicorn hands each socket read (up to 256 KB) to the WebSocket parser at
 once, and 256 KB of small messages (a client in a loop) is ~12,000 of them, parsed in one go
 while every other session waited (~70 ms). Reading from that client pauses until its slices
-are parsed, so what waits unparsed is bounded too.
+are parsed, so what waits unparsed is bounded too. And a connection the app closes with
+1008 (policy: a flood, a bad config) is not read any more: uvicorn would read on to the
+client's close reply, parsing whatever the client had queued (a flooder's megabytes, a
+second of the loop) for nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from server.settings import Settings
 
-#: Close code for a client that does not read what it is sent (policy violation).
+#: Close code for a client that does not read what it is sent, floods, or fails its config
+#: (policy violation): after it, nothing more is read from the client.
 SLOW_READER_CLOSE_CODE = 1008
 #: After the close frame is queued, how long the socket may try to deliver it before it is cut.
 CLOSE_GRACE_S = 5.0
@@ -84,6 +88,12 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
         return message
 
     async def send(self, message: Any) -> None:
+        if message["type"] == "websocket.close" and message.get("code") == SLOW_READER_CLOSE_CODE:
+            await super().send(message)
+            self.dropped = True  # what the client still sends is dropped unparsed (see the module docstring)
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.pause_reading()
+            return
         if message["type"] == "websocket.send":
             if self.dropped:
                 raise ClientDisconnected()

@@ -10,8 +10,9 @@ usually an answer on the wire. ``ControlBudget`` gives each session two buckets:
   takes one of ``answer_rate_per_s`` (``answer_burst``), since each moves the engine.
 
 A refused message is not handled. The first refusal of an episode is answered with one
-``rate_limited`` error naming when the client may send again; further refusals within that
-time are dropped without a reply (a flood must not be answered by a flood), and after each
+``rate_limited`` error naming when the client may send again; further refusals of the
+episode are dropped without a reply (a flood must not be answered by a flood, and some
+clients stop at any error), and after each
 refusal the adapter reads nothing more from that client until a token is back
 (``wait_s``), so a flood costs the server about twice the rate, whatever the client sends. An episode ends
 once a second passes with no refusal; a client still being refused ``close_after_s`` into an
@@ -73,7 +74,7 @@ class ControlBudget:
         self._answers = _Bucket(limits.answer_rate_per_s, limits.answer_burst)
         self._episode: float | None = None  # when the current run of refusals began
         self._last_refusal: float | None = None
-        self._told_until: float | None = None  # refusals before this are dropped silently
+        self._told = False  # this episode's one notice was sent
         self.refused = 0
         self.retry_after_s = 0.0  # of the last TELL
 
@@ -82,7 +83,8 @@ class ControlBudget:
         self._all.refill(now)
         self._answers.refill(now)
         if self._last_refusal is not None and now - self._last_refusal >= QUIET_S:
-            self._episode = self._told_until = None
+            self._episode = None
+            self._told = False
         buckets = (self._all, self._answers) if moves_answer else (self._all,)
         if all(b.tokens >= 1 for b in buckets):
             for b in buckets:
@@ -94,10 +96,10 @@ class ControlBudget:
             self._episode = now
         if now - self._episode >= self.limits.close_after_s:
             return Verdict.CLOSE
-        if self._told_until is not None and now < self._told_until:
+        if self._told:
             return Verdict.DROP
         self.retry_after_s = max(b.wait_s() for b in buckets)
-        self._told_until = now + max(self.retry_after_s, 0.2)
+        self._told = True
         return Verdict.TELL
 
     def wait_s(self, moves_answer: bool = False) -> float:

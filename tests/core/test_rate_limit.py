@@ -51,15 +51,15 @@ def test_a_refused_message_takes_no_token() -> None:
     assert budget.check(0.1) is Verdict.TAKE
 
 
-def test_the_client_is_told_again_after_its_retry_time() -> None:
-    """A client that keeps flooding past ``retry_after`` hears about it again (not once per message)."""
+def test_the_client_is_told_once_per_episode() -> None:
+    """A client that keeps flooding hears of it once (some clients stop at any error); after a
+    quiet second, a new flood is told again."""
     budget = ControlBudget(ControlLimits(rate_per_s=1, burst=1, close_after_s=60))
-    times = [i * 0.01 for i in range(300)]  # 100 messages a second for 3 s
-    got = verdicts(budget, times)
+    got = verdicts(budget, [i * 0.01 for i in range(300)])  # 100 messages a second for 3 s
     assert got.count(Verdict.TAKE) == 3  # the burst of one, then one a second (at 1 s and 2 s)
-    tells = got.count(Verdict.TELL)
-    assert 2 <= tells <= 6, tells
-    assert got.count(Verdict.DROP) == 300 - 3 - tells
+    assert got.count(Verdict.TELL) == 1
+    assert got.count(Verdict.DROP) == 300 - 3 - 1
+    assert verdicts(budget, [5.0, 5.0]) == [Verdict.TAKE, Verdict.TELL]
 
 
 def test_a_client_that_keeps_flooding_is_closed() -> None:

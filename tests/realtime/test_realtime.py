@@ -424,3 +424,23 @@ async def test_v1_endpoint_beside_it_sends_only_typed_v1_events(server: RunningS
         assert set(start) == {"type", "request_id"}
     finally:
         await client.ws.close()
+
+
+async def test_a_realtime_flood_is_rate_limited_like_any_session(server: RunningServer) -> None:
+    """The control budget is the session's, not the codec's: 80 ``response.cancel`` events back
+    to back (the answer budget's burst is 20) get ``rate_limited`` errors of the Realtime shape,
+    a few, not one per event, and after a quiet second the session answers again."""
+    async with realtime(server) as rt:
+        for _ in range(80):
+            await rt.send_raw(json.dumps({"type": "response.cancel"}))
+        await rt.add_image(11, item_id="after-flood")  # read after every cancel: its items come last
+        errors = [e["error"] for e in rt.events if e["type"] == "error"]
+        limited = [e for e in errors if e["code"] == "rate_limited"]
+        assert len(limited) == 1, errors  # one notice per episode
+        assert limited[0]["type"] == "invalid_request_error"
+        assert {e["code"] for e in errors} <= {"rate_limited", "response_cancel_not_active"}
+        import anyio
+
+        await anyio.sleep(1.2)
+        events = await rt.ask("Still there?", max_output_tokens=2)
+        assert events[-1]["response"]["status"] in {"completed", "incomplete"}
