@@ -123,6 +123,7 @@ class Capabilities:
     audio_input: bool = False
     warm_prefix: bool = False
     max_image_side: int | None = None
+    token_probabilities: bool = False  # ``check`` reads yes/no from the next-token distribution
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,23 @@ class Finished:
 EngineEvent = TextDelta | AudioChunk | Finished
 
 
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One yes/no check: ``probability`` that the answer starts with yes (the next token's
+    probability of a yes word over that of a yes or a no word); its prompt's tokens and how
+    many of them came from the engine's cache."""
+
+    probability: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+#: First words that count as yes or as no in a check (each engine matches its tokens to them,
+#: case-insensitively, with or without a leading space).
+YES_WORDS = ("yes",)
+NO_WORDS = ("no",)
+
+
 class EngineError(Exception):
     """The engine could not serve a request. The message is safe to log, not to send."""
 
@@ -182,7 +200,7 @@ class EngineStats(TypedDict, total=False):
 
 
 class Engine(ABC):
-    """A model behind five calls, and two reports on it (``kv_cache_tokens``, ``stats``).
+    """A model behind six calls, and two reports on it (``kv_cache_tokens``, ``stats``).
     Implementations must be safe to call from one event loop for many sessions at once."""
 
     capabilities: Capabilities
@@ -210,6 +228,17 @@ class Engine(ABC):
         cached before stays valid. Engines without ``warm_prefix`` return 0.
         """
         return 0
+
+    async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
+        """For each prompt (a closed question turn, like a query's), how likely its answer
+        starts with yes: read from the next token's distribution, with no decode step, and
+        nothing of it kept (the session's cached prefix is as it was). The prompts of one call
+        share their leading segments (the session's prefix): batch them where the engine can.
+
+        Cancelling it is safe. Raises ``EngineError``, also when the engine gives no token
+        probabilities (``capabilities.token_probabilities`` False).
+        """
+        raise EngineError(f"engine {self.capabilities.name!r} gives no token probabilities")
 
     async def release(self, session_id: str) -> None:
         """Forget everything cached for a session (it has ended)."""
