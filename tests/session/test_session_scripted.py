@@ -229,7 +229,7 @@ async def test_burst_of_questions_cancels_and_frames_gives_one_done_per_start() 
         await t.put(type="video.done")
         events.extend(await t.until("session.done", timeout=30))
 
-    session = await _run(engine, body, enable_frame_filter=False)
+    await _run(engine, body, enable_frame_filter=False)
     open_id = None
     starts = 0
     for event in events:
@@ -243,4 +243,4 @@ async def test_burst_of_questions_cancels_and_frames_gives_one_done_per_start() 
             assert event["request_id"] == open_id, event["type"]
     assert open_id is None and starts == 12
     assert {e["status"] for e in events if e["type"] == "response.done"} <= {"completed", "interrupted"}
-    assert session.turns.state.value == "idle" and not engine.running
+    assert events[-1]["type"] == "session.done" and not engine.running  # nothing left answering

@@ -41,10 +41,12 @@ async def _pong_s(client: Client) -> float:
 
 
 async def _pongs_until(client: Client, done: asyncio.Future[object]) -> list[float]:
+    """Pongs, one ping at a time, until ``done``: paced under the control budget (50 a second by
+    default), past which a ping gets ``rate_limited`` and no pong."""
     out = []
     while not done.done():
         out.append(await _pong_s(client))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.03)
     return out
 
 
