@@ -56,7 +56,6 @@ TIERS: dict[str, str] = {
     "server/test_memory.py": "core",
     "server/test_fuzz.py": "heavy",
     "server/test_intake_faults.py": "heavy",  # floods, 64 sessions, rounds of RSS
-    "server/test_fairness.py": "heavy",  # floods and back-to-back questions on a busy host, ~20 s each
     "server/test_fresh_boot.py": "heavy",  # unshare and a pytest child
     "server/test_fairness.py": "heavy",  # busy cores, floods
     "engines": "socket",
