@@ -63,6 +63,7 @@ TIERS: dict[str, str] = {
     "engines/test_detokenizer.py": "core",
     "engines/test_engine_vllm.py": "heavy",
     "engines/test_engine_openai.py": "heavy",
+    "engines/test_engine_check_vllm.py": "heavy",  # vLLM in process and behind its OpenAI server
     "engines/test_vllm_cpu_defaults.py": "heavy",
     "models": "socket",
     "speech": "socket",
