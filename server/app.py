@@ -96,6 +96,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         max_history_turns=settings.max_history_turns,
         max_history_tokens=settings.max_history_tokens,
         max_answer_tokens=settings.max_answer_tokens,
+        max_watches=settings.max_watches,
+        min_check_interval_ms=settings.min_check_interval_ms,
     )
     intake = IntakeLimits(
         max_read_ahead_bytes=settings.max_read_ahead_bytes,

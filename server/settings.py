@@ -63,6 +63,11 @@ class Settings(BaseSettings):
         "response.cancel) a session may send per second, on average"
     )
     answer_burst: int = Field(20, ge=1, description="such messages a session may send at once above its rate")
+    max_watches: int = Field(8, ge=0, le=64, description="standing instructions (watches) a session may hold")
+    min_check_interval_ms: float = Field(
+        250.0, ge=0, description="a session checks its watches at most this often (after accepted frames, "
+        "when nothing else runs on its engine)"
+    )
     rate_limit_close_s: float = Field(
         10.0, gt=0, description="a session still over its control budget this long after its first refusal "
         "is closed (too_many_messages, close code 1008)"

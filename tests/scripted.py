@@ -16,6 +16,7 @@ from handlers.session.transport import Disconnected
 from server.client.connection import collect_until
 from server.engines.base import (
     Capabilities,
+    CheckResult,
     Engine,
     EngineError,
     EngineEvent,
@@ -24,6 +25,7 @@ from server.engines.base import (
     Prompt,
     Sampling,
     TextDelta,
+    TextSegment,
     Usage,
 )
 from tests.protocol_client import Client
@@ -51,9 +53,32 @@ class ScriptedEngine(Engine):
     requests: list[Prompt] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
+    #: ``check``: the probability of yes for a prompt, by its newest image's key and its question
+    #: (None: the engine gives no token probabilities).
+    yes: Any = None
+    check_s: float = 0.0
+    checks: list[Prompt] = field(default_factory=list)
+    checks_cancelled: int = 0
 
     def __post_init__(self) -> None:
-        self.capabilities = Capabilities(name="scripted", model="scripted", warm_prefix=self.warm)
+        self.capabilities = Capabilities(
+            name="scripted", model="scripted", warm_prefix=self.warm, token_probabilities=self.yes is not None
+        )
+
+    async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
+        if self.yes is None:
+            return await super().check(session_id, request_id, prompts)
+        self.checks.extend(prompts)
+        try:
+            await anyio.sleep(self.check_s)
+        except anyio.get_cancelled_exc_class():
+            self.checks_cancelled += 1
+            raise
+        out = []
+        for prompt in prompts:
+            question = next(s.text for s in reversed(prompt.turns[-1].segments) if isinstance(s, TextSegment))
+            out.append(CheckResult(float(self.yes(image_keys(prompt)[-1], question))))
+        return out
 
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
         self.prefills.append(prompt)
@@ -152,6 +177,15 @@ class MemoryTransport:
 
     async def until(self, kind: str, timeout: float = 5) -> list[dict[str, Any]]:
         return await collect_until(lambda _: self.get(timeout), lambda event: event["type"] == kind, math.inf)
+
+    async def drain(self) -> list[dict[str, Any]]:
+        """Every event the server has sent and the test not yet read (without waiting)."""
+        out = []
+        while True:
+            try:
+                out.append(await self.get(timeout=0.001))
+            except TimeoutError:
+                return out
 
     def hang_up(self) -> None:
         self._to_server.close()

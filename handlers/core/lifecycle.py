@@ -40,6 +40,7 @@ from handlers.wire.protocol import (
     ResponseDone,
     ResponseStart,
     ResponseTextDelta,
+    ResponseTrigger,
     ResponseTextDone,
     ServerEvent,
     Timings,
@@ -110,9 +111,11 @@ class Answer:
     """
 
     def __init__(
-        self, request_id: str, modalities: list[str], received: float, consumed: Callable[[], FramesConsumed]
+        self, request_id: str, modalities: list[str], received: float, consumed: Callable[[], FramesConsumed],
+        trigger: ResponseTrigger | None = None,
     ) -> None:
         self.request_id = request_id
+        self.trigger = trigger  # what started it when no question did (a watch)
         self.modalities = list(modalities)
         self.received = received
         self._consumed = consumed
@@ -136,7 +139,7 @@ class Answer:
         """Returns ``[response.start]``. Raises ``IllegalTransition`` unless just asked."""
         self._require(AnswerPhase.ASKED, "start")
         self.phase = AnswerPhase.STARTED
-        return [ResponseStart(request_id=self.request_id, modalities=self.modalities)]
+        return [ResponseStart(request_id=self.request_id, modalities=self.modalities, trigger=self.trigger)]
 
     def withdraw(self) -> None:
         """The answer will not start (nothing of it was sent). Raises unless just asked."""
@@ -201,6 +204,7 @@ class Answer:
         )
         events.append(ResponseDone(
             request_id=self.request_id, status=outcome.value, finish_reason=reason, usage=usage, timings=timings,
+            trigger=self.trigger,
         ))
         return events
 

@@ -51,12 +51,20 @@ from handlers.wire.protocol import (
     SessionConfig,
     SessionReady,
     TurnDetection,
+    ResponseTrigger,
     VideoFrame,
     VideoQuery,
+    WatchCreate,
+    WatchCreated,
+    WatchDelete,
+    WatchSpec,
+    WatchUpdate,
     describe_validation_error,
 )
 from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.core.timeline import Exchange, Timeline, interrupted_answer
+from handlers.core.watches import WATCH_ANSWER_TOKENS, Decisions, Fire, WatchBook, check_question
+from handlers.core.watches import effective as effective_watch
 from handlers.core.turn_detection import RATE, SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
 from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
 
@@ -87,6 +95,8 @@ class Limits:
     max_history_turns: int
     max_answer_tokens: int
     max_history_tokens: int = 1024
+    max_watches: int = 8
+    min_check_interval_ms: float = 250.0
 
 
 def _any_voice(voice: str) -> bool:
@@ -141,6 +151,17 @@ class FrameIntake:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckStep:
+    """One round of watch checks the adapter runs for the core: one prompt per watch (the
+    timeline as warmed, plus the watch's question), over ``frames`` (pinned until
+    ``SessionCore.checked``); ``frame`` is the newest, the one the round decides about."""
+
+    frames: list[Frame]
+    prompts: list[tuple[str, Prompt]]
+    frame: Frame | None
+
+
+@dataclass(frozen=True, slots=True)
 class WarmStep:
     """One prefill the adapter runs for the core: ``prompt`` over ``frames``, which stay
     pinned until ``SessionCore.warmed`` is called with this step."""
@@ -165,6 +186,7 @@ class QueryPlan:
     modalities: list[str] = field(default_factory=lambda: ["text"])
     instructions: str | None = None  # replaces the system prompt for this answer only
     spoken: str = ""  # the question's words that were speech (transcribed): usage's audio tokens
+    trigger: ResponseTrigger | None = None  # a fired watch's answer: what started it
 
 
 @dataclass
@@ -242,6 +264,9 @@ class SessionCore:
         self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
         self.speech_item: str | None = None  # the item id of the speech heard now (or last)
         self._speech_items = itertools.count(1)
+        self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
+        self._unchecked = False  # an accepted frame no round of checks has looked at
+        self._last_check_s: float | None = None
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -277,6 +302,14 @@ class SessionCore:
         if config.turn_detection is not None and self.voice.vad_window is not None:
             turns = config.turn_detection
             self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
+        self.watches = WatchBook(self.limits.max_watches, self.limits.max_answer_tokens)
+        if len(config.watches) > self.limits.max_watches:
+            raise SessionError(ErrorCode.INVALID_CONFIG, f"a session may hold {self.limits.max_watches} watches")
+        for spec in config.watches:
+            try:
+                self.watches.create(spec)
+            except SessionError as exc:
+                raise SessionError(ErrorCode.INVALID_CONFIG, f"watches: {exc.message}") from None
         self.move_to(Phase.READY)
         return SessionReady(
             session_id=self.session_id,
@@ -323,7 +356,8 @@ class SessionCore:
         return config, notes
 
     def _effective_config(self) -> dict[str, object]:
-        effective = self.config.model_dump(exclude={"type"})
+        effective = self.config.model_dump(exclude={"type", "watches"})
+        effective["watches"] = [effective_watch(w.spec) for w in self.watches]
         effective["model"] = self.capabilities.model
         effective["frame_filter_threshold"] = self.filter.threshold
         return effective
@@ -344,6 +378,8 @@ class SessionCore:
         except ValidationError as exc:
             raise SessionError(ErrorCode.INVALID_MESSAGE, f"session update: {describe_validation_error(exc)}") from None
         config, more = self._normalise(config)
+        if "watches" in changes:  # a list of watches replaces the session's
+            self._replace_watches(config.watches)
         old = self.config
         self.config = config
         self.buffer.max_frames = config.max_frames
@@ -642,7 +678,8 @@ class SessionCore:
         """The answer to a planned question (``lifecycle.py``): it turns the engine's outputs
         into the events to send, ``video.frames.consumed`` (this plan's frames) included.
         ``received``: when the question came, in seconds on the caller's monotonic clock."""
-        return Answer(plan.request_id, plan.modalities, received, consumed=partial(self.consumed, plan))
+        return Answer(plan.request_id, plan.modalities, received, consumed=partial(self.consumed, plan),
+                      trigger=plan.trigger)
 
     # ------------------------------------------------------------------ conversation items
     def apply(self, command: Command) -> list[ServerEvent]:
@@ -848,6 +885,84 @@ class SessionCore:
     def warmed(self, step: WarmStep) -> None:
         """A prefill ended (done, failed or stopped by a question): its frames may go."""
         self.buffer.unpin(step.frames)
+
+    # ------------------------------------------------------------------ watches
+    def apply_watch(self, event: WatchCreate | WatchUpdate | WatchDelete) -> list[ServerEvent]:
+        """``watch.create`` / ``.update`` / ``.delete``; returns the event to send. Raises
+        ``invalid_watch``, ``unknown_watch`` and ``too_many_watches``."""
+        if isinstance(event, WatchCreate):
+            created = self.watches.create(WatchSpec.model_validate(event.model_dump(exclude={"type"})))
+            return [self._with_check_tokens(created)]
+        if isinstance(event, WatchUpdate):
+            return [self.watches.update(event.watch_id, event.changes)]
+        return [self.watches.delete(event.watch_id)]
+
+    def _replace_watches(self, specs: list[WatchSpec]) -> None:
+        """Raises ``invalid_watch`` / ``too_many_watches`` (the session's watches are then as before)."""
+        book = WatchBook(self.limits.max_watches, self.limits.max_answer_tokens)
+        if len(specs) > self.limits.max_watches:
+            raise SessionError(ErrorCode.TOO_MANY_WATCHES, f"a session may hold {self.limits.max_watches} watches")
+        for spec in specs:
+            book.create(spec)
+        self.watches = book
+
+    def _with_check_tokens(self, created: WatchCreated) -> WatchCreated:
+        """The tokens a check adds to the prefix, estimated at 4 characters a token (the core
+        has no tokenizer) plus the chat template's few."""
+        question = check_question(WatchSpec.model_validate(created.watch))
+        return created.model_copy(update={"tokens_per_check": len(question) // 4 + 8})
+
+    def watch_frame_accepted(self) -> None:
+        """An accepted frame: the watches have something new to look at."""
+        if len(self.watches):
+            if self._unchecked:
+                self.watches.skipped += 1  # the previous new frame got no check of its own
+            self._unchecked = True
+
+    def check_due(self, now_s: float) -> float | None:
+        """None when no check is wanted (no watch, or nothing new since the last round); else
+        the seconds to wait before one may run (0: now). ``now_s``: the caller's monotonic clock."""
+        if not len(self.watches) or not self._unchecked:
+            return None
+        if self._last_check_s is None:
+            return 0.0
+        return max(0.0, self._last_check_s + self.limits.min_check_interval_ms / 1000 - now_s)
+
+    def next_check(self, now_s: float) -> CheckStep | None:
+        """The round of checks due now over the warm prefix (its frames pinned until
+        ``checked``), or None when the timeline holds no frame yet."""
+        frames = self.timeline.frames
+        if not frames:
+            return None
+        self._unchecked = False
+        self._last_check_s = now_s
+        self.buffer.pin(frames)
+        prompts = [(w.watch_id, self._render(check_question(w.spec))) for w in self.watches]
+        return CheckStep(frames, prompts, frames[-1])
+
+    def checked(self, step: CheckStep, results: list[tuple[str, float, float]] | None, now_s: float,
+                now_ms: float) -> Decisions:
+        """A round of checks ended: unpin its frames and, when it ran to the end (``results``:
+        watch id, probability, ms), apply it; returns what to send and the fires."""
+        self.buffer.unpin(step.frames)
+        if results is None:
+            self._unchecked = True  # stopped by a question: the frame is checked again later
+            return Decisions()
+        decision_ms = None if step.frame is None else now_ms - step.frame.receive_ts_ms
+        return self.watches.record(results, step.frame, now_s, decision_ms)
+
+    def plan_watch(self, fire: Fire) -> QueryPlan:
+        """The answer to a fired watch: over the buffered frames, asked its watch's question,
+        marked with its trigger. Raises ``no_frames``."""
+        frames = self.candidate_frames()
+        if not frames:
+            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the watch's answer")
+        spec = fire.watch.spec
+        plan = self._plan(frames, fire.question, None)
+        tokens = min(spec.response.max_tokens or WATCH_ANSWER_TOKENS, self.limits.max_answer_tokens)
+        plan.sampling = replace(plan.sampling, max_tokens=tokens)
+        plan.trigger = ResponseTrigger(watch_id=fire.watch.watch_id)
+        return plan
 
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""

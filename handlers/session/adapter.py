@@ -33,7 +33,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import anyio
@@ -72,6 +72,9 @@ from handlers.wire.protocol import (
     VideoDone,
     VideoFrame,
     VideoQuery,
+    WatchCreate,
+    WatchDelete,
+    WatchUpdate,
 )
 from handlers.session.voice import Listening, NativeAudioTrim, SpokenAnswer
 from handlers.session.transport import Disconnected, Transport
@@ -83,6 +86,7 @@ log = logging.getLogger("livesight.session")
 
 #: Client events that are media: bounded by bytes and shed under load, not rate-limited.
 MEDIA = (VideoFrame, AudioChunkIn)
+WATCH_EVENTS = (WatchCreate, WatchUpdate, WatchDelete)
 #: Client events that start or stop an answer: they also take from the answer budget.
 ANSWER_MOVES = (VideoQuery, AnswerRequest, ResponseCancel)
 
@@ -106,6 +110,7 @@ class Turn:
     scope: anyio.CancelScope
     done: anyio.Event
     listening: Listening | None = None  # the question's audio, transcribed as it was spoken
+    before: list[ServerEvent] = field(default_factory=list)  # sent before its response.start (watch.fired)
 
 
 def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
@@ -483,6 +488,9 @@ class Session:
             await self._shed(event)
             return
         intake = self.core.take_frame(event, prepared, receive_ms, now_ms())
+        if intake.frame is not None:
+            self.core.watch_frame_accepted()
+            self._wake()  # a check may be due
         self.observer.frames("accepted" if intake.frame is not None else "filtered")
         self.observer.frames("evicted", len(intake.evicted))
         if intake.warm_due:
@@ -509,6 +517,9 @@ class Session:
                     elif isinstance(event, AnswerRequest):
                         await self.interrupt()
                         await self._start_turn(self.core.plan_answer(event), received)
+                    elif isinstance(event, WATCH_EVENTS):
+                        await self._send_all(self.core.apply_watch(event))
+                        self._wake()
                     elif isinstance(event, Command):
                         await self._on_command(event)
                 except SessionError as exc:
@@ -625,10 +636,14 @@ class Session:
                     await listening.cancel()
             raise
 
-    async def _start_turn(self, plan: QueryPlan, received: float, listening: Listening | None = None) -> None:
+    async def _start_turn(
+        self, plan: QueryPlan, received: float, listening: Listening | None = None, before: list[ServerEvent] | None = None,
+    ) -> None:
         """Ask for the answer, drop the plan's undecodable frames, wait for a running prefill
-        to stop, then start the answer task. The caller has interrupted the previous answer."""
-        turn = Turn(plan, self.core.new_answer(plan, received), anyio.CancelScope(), anyio.Event(), listening=listening)
+        to stop, then start the answer task (``before``: events it sends before its start).
+        The caller has interrupted the previous answer."""
+        turn = Turn(plan, self.core.new_answer(plan, received), anyio.CancelScope(), anyio.Event(), listening=listening,
+                    before=before or [])
         stop_prefill = self.turns.ask(turn.answer)  # from here on no prefill starts
         self.turn = turn
         try:
@@ -661,7 +676,7 @@ class Session:
         outcome = Outcome.INTERRUPTED
         spoken: SpokenAnswer | None = None
         try:
-            await self._send_all(self.turns.start())
+            await self._send_all([*turn.before, *self.turns.start()])
             with turn.scope:
                 if self.core.needs_transcription(plan):
                     await self._transcribe(turn)
@@ -763,21 +778,75 @@ class Session:
 
     # ------------------------------------------------------------------ warm prefix
     async def _warm_loop(self) -> None:
-        """Keep the engine's prefix over the decoded frames warm while no answer runs."""
+        """Keep the engine's prefix over the decoded frames warm while no answer runs, then
+        check the session's watches on it (questions first, then warmup, then checks)."""
         while True:
-            await self._until(lambda: self.turns.warm_due)
-            step = self.core.next_warm()
-            if step is None:
-                self.turns.nothing_to_warm()
+            await self._until(lambda: self.turns.warm_due or self._check_wanted())
+            if self.turns.warm_due:
+                await self._warm()
                 continue
-            scope = self._warm_scope = anyio.CancelScope()  # a question stops the prefill through it
-            self.turns.warm()
+            wait_s = self.core.check_due(time.monotonic())
+            if wait_s:
+                await anyio.sleep(wait_s)  # at most every min_check_interval_ms; then look again
+                continue
+            await self._check()
+
+    def _check_wanted(self) -> bool:
+        """True when nothing runs, the prefix is warm and a round of watch checks is wanted."""
+        return (
+            self.turns.state is TurnState.IDLE and not self.turns.behind and self.turn is None
+            and self.engine.capabilities.token_probabilities
+            and self.core.check_due(time.monotonic()) is not None
+        )
+
+    async def _warm(self) -> None:
+        step = self.core.next_warm()
+        if step is None:
+            self.turns.nothing_to_warm()
+            return
+        scope = self._warm_scope = anyio.CancelScope()  # a question stops the prefill through it
+        self.turns.warm()
+        try:
+            with scope:
+                await self.engine.prefill(self.id, step.prompt)
+        except EngineError as exc:
+            log.warning("prefix warmup failed: %s", exc)
+        finally:
+            self._warm_scope = None
+            self.core.warmed(step)
+            self.turns.warmed()
+
+    async def _check(self) -> None:
+        """One round of watch checks on the warm prefix. It holds the engine as a prefill does,
+        so a question stops it (and waits at most for the model step under way); a fire is
+        answered like a question, its ``watch.fired`` first."""
+        step = self.core.next_check(time.monotonic())
+        if step is None:
+            return
+        results: list[tuple[str, float, float]] | None = None
+        scope = self._warm_scope = anyio.CancelScope()
+        self.turns.warm()
+        started = time.perf_counter()
+        try:
+            with scope:
+                checks = await self.engine.check(self.id, f"check_{self.id[:8]}", [p for _, p in step.prompts])
+                ms = (time.perf_counter() - started) * 1000
+                results = [(wid, c.probability, ms) for (wid, _), c in zip(step.prompts, checks, strict=True)]
+        except EngineError as exc:
+            log.warning("watch check failed: %s", exc)
+        finally:
+            self._warm_scope = None
+            preempted = self.turns.state is not TurnState.WARMING  # a question came meanwhile
+            self.turns.warmed()
+        decisions = self.core.checked(step, None if preempted else results, time.monotonic(), now_ms())
+        fires = decisions.fires
+        if fires and (self.turns.state is not TurnState.IDLE or self.turn is not None):
+            fires = []  # a question came first: the watch is checked again after its answer
+        if fires:
+            fire = fires[0]  # one answer at a time; the others fire at their next check
             try:
-                with scope:
-                    await self.engine.prefill(self.id, step.prompt)
-            except EngineError as exc:
-                log.warning("prefix warmup failed: %s", exc)
-            finally:
-                self._warm_scope = None
-                self.core.warmed(step)
-                self.turns.warmed()
+                await self._start_turn(self.core.plan_watch(fire), time.perf_counter(), before=decisions.events)
+                return
+            except SessionError as exc:  # no usable frame left for its answer
+                log.info("watch %s fired but cannot be answered: %s", fire.watch.watch_id, exc.message)
+        await self._send_all(decisions.events)

@@ -33,6 +33,9 @@ class ErrorCode(StrEnum):
     SERVER_CLOSING = "server_closing"
     RESUME_FAILED = "resume_failed"
     RATE_LIMITED = "rate_limited"
+    INVALID_WATCH = "invalid_watch"
+    UNKNOWN_WATCH = "unknown_watch"
+    TOO_MANY_WATCHES = "too_many_watches"
     TOO_MANY_MESSAGES = "too_many_messages"
 
 

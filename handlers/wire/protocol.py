@@ -14,6 +14,11 @@ Client -> server (JSON text messages, each an object with a ``type``):
     response.cancel  stop the running answer
     video.done       finish after the running answer
     ping
+    watch.create     a standing instruction: watch_id, condition, kind (alert, narrate),
+                     threshold, clear_threshold, confirm, clear, cooldown_s, min_interval_s,
+                     response (instructions, max_tokens), report_checks
+    watch.update     watch_id and the fields to change
+    watch.delete     watch_id
 
 Server -> client:
 
@@ -23,6 +28,7 @@ Server -> client:
     session.closing                                           (server shutdown: drain)
     input_audio.speech_started, input_audio.speech_stopped   (server turn detection)
     input_audio.transcript                                    (a spoken question as text)
+    watch.created, watch.updated, watch.deleted, watch.check, watch.fired, watch.cleared
 
 Incoming messages are parsed once, here, by ``parse_client_event``; outgoing events are
 built as models and serialised by ``encode``. Parsing is strict: JSON as the standard has it
@@ -121,6 +127,52 @@ _ALIASES = {
 }
 
 
+WatchId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class WatchResponse(BaseModel):
+    """What a fired watch's answer is asked: ``instructions`` (else a short description of
+    what happened) and its length."""
+
+    model_config = _STRICT
+
+    instructions: str | None = Field(None, max_length=2_000)
+    max_tokens: int | None = Field(None, ge=1, le=4096)
+
+
+class WatchSpec(BaseModel):
+    """A standing instruction: a yes/no ``condition`` checked on the warm prefix after
+    accepted frames. ``alert``: fires when the condition becomes true (``confirm`` checks in a
+    row at ``threshold`` or more), then re-arms after ``clear`` checks at ``clear_threshold``
+    or less, and fires at most once per ``cooldown_s``. ``narrate``: fires when the scene
+    changed in a way worth saying (the condition, by default "has something changed"), at
+    most every ``min_interval_s``, with no re-arming needed."""
+
+    model_config = _STRICT
+
+    watch_id: WatchId | None = None  # the server names it when absent
+    condition: str | None = Field(None, min_length=1, max_length=1_000)
+    kind: Literal["alert", "narrate"] = "alert"
+    threshold: float = Field(0.6, ge=0.0, le=1.0)
+    clear_threshold: float = Field(0.4, ge=0.0, le=1.0)
+    confirm: int = Field(1, ge=1, le=100)
+    clear: int = Field(2, ge=1, le=100)
+    cooldown_s: float = Field(10.0, ge=0.0, le=86_400.0)
+    min_interval_s: float = Field(10.0, ge=0.0, le=86_400.0)
+    response: WatchResponse = Field(default_factory=WatchResponse)
+    report_checks: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WatchSpec:
+        if self.clear_threshold > self.threshold:
+            raise ValueError("clear_threshold must not be above threshold")
+        if self.kind == "alert" and not self.condition:
+            raise ValueError("an alert watch needs a condition")
+        if self.condition is not None and not self.condition.strip():
+            raise ValueError("condition is blank")
+        return self
+
+
 class SessionConfig(_ClientEvent):
     """``session.config``: the first message of every session."""
 
@@ -143,6 +195,7 @@ class SessionConfig(_ClientEvent):
     frame_timestamps: bool = True
     prefix_warmup: bool = True
     resume_token: str | None = Field(None, max_length=200)
+    watches: list[WatchSpec] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="before")
     @classmethod
@@ -209,13 +262,37 @@ class Ping(_ClientEvent):
     type: Literal["ping"]
 
 
+class WatchCreate(WatchSpec):
+    type: Literal["watch.create"]
+
+
+class WatchUpdate(_ClientEvent):
+    """``watch.update``: the fields to change (the others keep their values)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, allow_inf_nan=False)
+
+    type: Literal["watch.update"]
+    watch_id: WatchId
+
+    @property
+    def changes(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class WatchDelete(_ClientEvent):
+    type: Literal["watch.delete"]
+    watch_id: WatchId
+
+
 ClientEvent = Annotated[
-    VideoFrame | AudioChunkIn | VideoQuery | ResponseCancel | VideoDone | Ping | SessionConfig,
+    VideoFrame | AudioChunkIn | VideoQuery | ResponseCancel | VideoDone | Ping | SessionConfig
+    | WatchCreate | WatchUpdate | WatchDelete,
     Field(discriminator="type"),
 ]
 _client_event = TypeAdapter(ClientEvent)
 CLIENT_TYPES = frozenset(
-    {"session.config", "video.frame", "audio.chunk", "video.query", "response.cancel", "video.done", "ping"}
+    {"session.config", "video.frame", "audio.chunk", "video.query", "response.cancel", "video.done", "ping",
+     "watch.create", "watch.update", "watch.delete"}
 )
 
 
@@ -341,9 +418,19 @@ class FramesConsumed(ServerEvent):
     latest_pts_ms: float | None = None
 
 
+class ResponseTrigger(BaseModel):
+    """What started an answer that no question asked for."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["watch"] = "watch"
+    watch_id: str
+
+
 class ResponseStart(ServerEvent):
     type: Literal["response.start"] = "response.start"
     request_id: str
+    trigger: ResponseTrigger | None = None
     #: The answer's output modalities: for other codecs; v1 announces them in session.ready.
     modalities: list[str] = Field(default_factory=lambda: ["text"], exclude=True)
 
@@ -406,6 +493,57 @@ class ResponseDone(ServerEvent):
     finish_reason: str | None = None
     usage: UsageInfo = Field(default_factory=UsageInfo)
     timings: Timings
+    trigger: ResponseTrigger | None = None
+
+
+class WatchCreated(ServerEvent):
+    """A watch as the server runs it (every field effective), and the tokens one check adds
+    to the warm prefix."""
+
+    type: Literal["watch.created"] = "watch.created"
+    watch: dict[str, Any]
+    tokens_per_check: int | None = None
+
+
+class WatchUpdated(ServerEvent):
+    type: Literal["watch.updated"] = "watch.updated"
+    watch: dict[str, Any]
+
+
+class WatchDeleted(ServerEvent):
+    type: Literal["watch.deleted"] = "watch.deleted"
+    watch_id: str
+
+
+class WatchCheck(ServerEvent):
+    """One check of a watch (sent only with ``report_checks``)."""
+
+    type: Literal["watch.check"] = "watch.check"
+    watch_id: str
+    frame_id: FrameId | None = None
+    probability: float
+    ms: float
+
+
+class WatchFired(ServerEvent):
+    """A watch fired on the frame ``frame_id``; its answer follows (``response.start`` with
+    its ``trigger``). ``decision_ms``: from that frame's receipt to this event."""
+
+    type: Literal["watch.fired"] = "watch.fired"
+    watch_id: str
+    frame_id: FrameId | None = None
+    pts_ms: float | None = None
+    probability: float
+    decision_ms: float | None = None
+
+
+class WatchCleared(ServerEvent):
+    """An alert's condition is no longer true: it is armed again."""
+
+    type: Literal["watch.cleared"] = "watch.cleared"
+    watch_id: str
+    frame_id: FrameId | None = None
+    probability: float
 
 
 class InputAudioSpeechStarted(ServerEvent):
@@ -481,7 +619,13 @@ AnyServerEvent = Annotated[
     | SessionDone
     | SessionClosing
     | ErrorEvent
-    | Pong,
+    | Pong
+    | WatchCreated
+    | WatchUpdated
+    | WatchDeleted
+    | WatchCheck
+    | WatchFired
+    | WatchCleared,
     Field(discriminator="type"),
 ]
 _server_event = TypeAdapter(AnyServerEvent)
