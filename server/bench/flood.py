@@ -91,10 +91,14 @@ async def _flood(conn: Connection, plan: FloodPlan, tally: FloodTally) -> None:
     await asyncio.sleep(max(0.0, plan.flood_from - time.time()))
     started = time.perf_counter()
     try:
-        while time.time() < plan.flood_until:
-            await conn.send_raw(raw)
-            tally.sent += 1
-            await asyncio.sleep(0)  # the reader's turn: a flood that reads its replies
+        # A send the server does not read (TCP pushes back) is cut short when the time is up.
+        async with asyncio.timeout(max(0.0, plan.flood_until - time.time())):
+            while True:
+                await conn.send_raw(raw)
+                tally.sent += 1
+                await asyncio.sleep(0)  # the reader's turn: a flood that reads its replies
+    except TimeoutError:
+        pass
     except websockets.ConnectionClosed:
         tally.closed_by_server = True
     tally.seconds = time.perf_counter() - started
@@ -103,7 +107,9 @@ async def _flood(conn: Connection, plan: FloodPlan, tally: FloodTally) -> None:
 async def _flooder(url: str, plan: FloodPlan, frame: str, config: dict) -> FloodTally:
     tally = FloodTally()
     try:
-        conn, _ = await Connection.open(url, config, open_timeout=60, compression=None)
+        # No keepalive pings: a server too busy to answer them is what is measured, and the
+        # client must not close the connection itself.
+        conn, _ = await Connection.open(url, config, open_timeout=60, compression=None, ping_interval=None)
     except StreamError as refused:
         tally.refused = refused.code
         return tally
