@@ -80,10 +80,11 @@ def core_modalities(output_modalities: list[str]) -> list[str]:
 class _Answer:
     """The running response as the client sees it."""
 
-    def __init__(self, response_id: str, item_id: str, audio: bool) -> None:
+    def __init__(self, response_id: str, item_id: str, audio: bool, metadata: dict[str, str] | None = None) -> None:
         self.response_id = response_id
         self.item_id = item_id
         self.audio = audio
+        self.metadata = metadata  # a fired watch's answer: which watch (a server-initiated response)
         self.text = ""
         self.sent_audio = False
 
@@ -348,13 +349,15 @@ class RealtimeCodec:
         return out
 
     def _response_start(self, event: ResponseStart) -> list[rt.RealtimeServerEvent]:
-        answer = self._answer = _Answer(event.request_id, self._new_item(), "audio" in event.modalities)
+        trigger = event.trigger
+        metadata = None if trigger is None else {"livesight_trigger": trigger.type, "watch_id": trigger.watch_id}
+        answer = self._answer = _Answer(event.request_id, self._new_item(), "audio" in event.modalities, metadata)
         self._interrupted_by = None
         self._answer_error = None
         response = rt.ResponseOut(
             id=answer.response_id, status="in_progress", conversation_id=self._conversation_id(),
             output_modalities=["audio"] if answer.audio else ["text"],
-            max_output_tokens=self._max_output_tokens(),
+            max_output_tokens=self._max_output_tokens(), metadata=metadata,
         )
         item = answer.item("in_progress")
         previous = self._last_item
@@ -390,7 +393,7 @@ class RealtimeCodec:
         response = rt.ResponseOut(
             id=answer.response_id, status=status, status_details=details, output=[item],
             conversation_id=self._conversation_id(), output_modalities=["audio"] if answer.audio else ["text"],
-            max_output_tokens=self._max_output_tokens(),
+            max_output_tokens=self._max_output_tokens(), metadata=answer.metadata,
             usage=rt.Usage(
                 total_tokens=usage.prompt_tokens + usage.completion_tokens,
                 input_tokens=usage.prompt_tokens,

@@ -105,6 +105,7 @@ class LivesightSettings(_Part):
     frame_timestamps: bool | None = None
     prefix_warmup: bool | None = None
     use_audio_in_video: bool | None = None
+    watches: list[dict[str, Any]] | None = Field(None, max_length=64)  # as session.config's (see protocol.md)
 
 
 class RealtimeSession(_Part):
@@ -371,6 +372,7 @@ class ResponseOut(_Out):
     output_modalities: list[Modality]
     max_output_tokens: int | Literal["inf"] | None = None
     usage: Usage | None = None
+    metadata: dict[str, str] | None = None  # a response the server started: which watch fired
 
 
 class ContentPartOut(_Out):

@@ -406,7 +406,8 @@ async def test_bearer_key_is_required_when_keys_are_set(tiny_model_dir: Path) ->
 
 async def test_v1_endpoint_beside_it_sends_only_typed_v1_events(server: RunningServer) -> None:
     """/v1/video/chat/stream is unchanged: a session's every event parses with
-    parse_server_event into a v1 type, and response.start carries only request_id."""
+    parse_server_event into a v1 type, and response.start carries only request_id (and a null
+    trigger: no watch started it)."""
     client, ready = await connect(server, sampling={"max_tokens": 4})
     try:
         await client.frame(1, seed=1)
@@ -421,7 +422,7 @@ async def test_v1_endpoint_beside_it_sends_only_typed_v1_events(server: RunningS
             typed = parse_server_event(json.dumps(event))
             assert typed.type == event["type"] and event["type"] in SERVER_TYPES
         start = next(e for e in events if e["type"] == "response.start")
-        assert set(start) == {"type", "request_id"}
+        assert set(start) == {"type", "request_id", "trigger"} and start["trigger"] is None
     finally:
         await client.ws.close()
 
