@@ -17,7 +17,9 @@ for that message (or a late one), never closes the session, and every frame with
 frame. The fuzzed server's control budget is raised so that the parser, not the budget, is
 what answers.
 
-``control_floods`` then sends storms of control messages (pings, questions, cancels, junk,
+``watch_storm`` sends generated ``watch.*`` messages (huge, blank and surrogate conditions,
+wrong types, out-of-range thresholds, few ids: create/delete storms) a hundred at a time and
+checks each gets exactly one answer. ``control_floods`` then sends storms of control messages (pings, questions, cancels, junk,
 second configs), generated the same way, back to back through one session of a server with
 the default budget: every answer must be its message's documented one or ``rate_limited``
 (with ``retry_after_ms``; at most one per tenth of the storm: a flood is not answered by a
@@ -47,7 +49,9 @@ FRAME = PARSE | {"invalid_image", "frame_too_large"}
 AUDIO = PARSE | {"invalid_audio", "audio_overflow", "transcription_failed"}
 QUERY = AUDIO | {"no_frames", "invalid_image"}
 # From earlier frames and answers, or from the turn lane (audio, questions), which runs beside frames.
-LATE = frozenset({"invalid_image", "no_frames", "transcription_failed", "invalid_audio", "audio_overflow"})
+LATE = frozenset({"invalid_image", "no_frames", "transcription_failed", "invalid_audio", "audio_overflow",
+                  "invalid_watch", "unknown_watch", "too_many_watches"})
+WATCH = PARSE | {"invalid_watch", "unknown_watch", "too_many_watches"}
 #: A control budget high enough that the fuzz session is never rate-limited (``run_fuzz``).
 UNLIMITED_CONTROL = {"control_rate_per_s": 1e6, "control_burst": 10**6, "answer_rate_per_s": 1e6, "answer_burst": 10**6}
 
@@ -199,18 +203,84 @@ def strategies() -> Any:
                         ).map(lambda t: Hostile(t, PARSE, None, "literal")),
         st.just(Hostile(dumps({"type": "response.cancel"}), PARSE, None, "cancel")),
     )
-    return st.one_of(frames, frames, fields, queries, audio, junk)
+    return st.one_of(frames, frames, fields, queries, audio, junk, watch_messages())
 
 
-def huge_messages(max_frame_bytes: int = 10 * 1024 * 1024) -> list[Hostile]:
-    """Messages too big to generate often: each session takes them once."""
-    data = "A" * (max_frame_bytes + 4)
-    return [
-        Hostile(json.dumps({"type": "video.frame", "data": data, "frame_id": "huge"}), FRAME, "huge", "huge frame", True),
-        Hostile(json.dumps({"type": "video.query", "text": "x" * 1_000_000}), QUERY, None, "huge question", True),
-        Hostile(json.dumps({"type": "session.config", "system_prompt": "y" * 1_000_000}), PARSE, None, "huge config"),
-        Hostile(json.dumps({"type": "ping", "pad": [[0] * 1000] * 1000}), PARSE, None, "huge ping"),
-    ]
+def watch_messages() -> Any:
+    """Hostile ``watch.*`` messages: huge and blank conditions, surrogates, wrong types, out of
+    range thresholds, unknown and reused ids."""
+    from hypothesis import strategies as st
+
+    surrogate = st.sampled_from(["\ud800", "a\udfff", "x\ud83d?"])
+    condition = (st.text(max_size=40) | surrogate | st.sampled_from(["", "   ", "y" * 1_001, "Is it red?"])
+                 | st.sampled_from([5, None, [], {}, True]))
+    ids = st.sampled_from(["w1", "w2", "door", "a" * 65, "bad id", "", 7, None])
+    number = st.sampled_from([0.0, 0.5, 1.0, -1, 2, 1e308, "0.5", True, None])
+
+    def message(kind: str, watch_id: Any, cond: Any, threshold: Any, extra: dict[str, Any]) -> Hostile:
+        msg: dict[str, Any] = {"type": kind, "watch_id": watch_id, "condition": cond, "threshold": threshold, **extra}
+        msg = {k: v for k, v in msg.items() if v is not None or k == "type"}
+        return Hostile(json.dumps(msg), WATCH, None, kind, True)
+
+    return st.builds(
+        message, st.sampled_from(["watch.create", "watch.create", "watch.update", "watch.delete"]), ids, condition,
+        number,
+        st.sampled_from([{}, {"kind": "narrate"}, {"kind": "x"}, {"clear_threshold": 0.9}, {"confirm": 0},
+                         {"cooldown_s": -1}, {"response": {"max_tokens": 10**6}}, {"report_checks": "yes"}]),
+    )
+
+
+def watch_storm(url: str, messages: int, seed: int | None = None) -> dict[str, int]:
+    """Send ``messages`` generated ``watch.*`` messages, a hundred at a time back to back,
+    through one session and check that each got exactly one answer: its ``watch.*`` event or
+    an error with a documented code (create/delete storms included: the ids are few). Returns
+    the answers by kind. Raises ``AssertionError``."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fix_seed
+    from hypothesis import strategies as st
+
+    runner = asyncio.Runner()
+    conn, _ = runner.run(Connection.open(url, {"sampling": {"max_tokens": 1}}, open_timeout=60))
+    answers: dict[str, int] = {}
+    replies = frozenset({"watch.created", "watch.updated", "watch.deleted"})
+
+    async def storm(batch: list[Hostile]) -> None:
+        for message in batch:
+            await conn.send_raw(message.raw)
+        got = 0
+        while got < len(batch):
+            event = (await conn.receive(60)).event
+            if isinstance(event, ErrorEvent):
+                if event.code not in WATCH or event.closes_session:
+                    raise AssertionError(f"a watch message got {event.code}: {event.message}")
+                kind = event.code
+            elif event.type in replies:
+                kind = event.type
+            else:
+                continue
+            answers[kind] = answers.get(kind, 0) + 1
+            got += 1
+
+    @settings(max_examples=-(-messages // 100), deadline=None, database=None, derandomize=seed is None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(st.lists(watch_messages(), min_size=100, max_size=100))
+    def one(batch: list[Hostile]) -> None:
+        runner.run(storm(batch))
+
+    if seed is not None:
+        one = fix_seed(seed)(one)
+    try:
+        one()
+
+        async def alive() -> None:
+            await conn.ping()
+            await conn.wait_for("pong", timeout=30)
+
+        runner.run(alive())
+        return answers
+    finally:
+        runner.run(conn.close())
+        runner.close()
 
 
 # ---------------------------------------------------------------------- the session
@@ -470,6 +540,7 @@ def run_fuzz(model: str | None, examples: int, seed: int | None) -> str:
     logging.getLogger("livesight").setLevel(logging.ERROR)
     with run_server(Settings(model=model, **UNLIMITED_CONTROL)) as running:
         stats = fuzz(running.ws_url, examples, seed)
+        watches = watch_storm(running.ws_url, examples, seed)
         metrics = wait_for_clean_metrics(running.http_url)
     with run_server(Settings(model=model)) as running:
         floods = control_floods(running.ws_url, seed=seed)
@@ -480,6 +551,8 @@ def run_fuzz(model: str | None, examples: int, seed: int | None) -> str:
         f"{stats.messages} hostile messages in {stats.seconds:.1f} s "
         f"({stats.messages / max(stats.seconds, 1e-9):.0f}/s), all answered as documented; "
         f"{stats.acks} acks; errors: {codes}\n"
+        f"{sum(watches.values())} watch messages (create/update/delete storms), each answered once: "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(watches.items()))}\n"
         f"after close: sessions {metrics['sessions']}, frames_live {metrics['frames_live']}\n"
         f"{floods.storms} control storms, {floods.messages} messages at the default budget: "
         f"{floods.rate_limited} rate_limited notices, {floods.pongs} pongs; errors: {flood_codes}; "

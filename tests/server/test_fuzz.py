@@ -10,7 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from server.background import RunningServer, run_server
-from server.bench.fuzz import FRAME, UNLIMITED_CONTROL, control_floods, fuzz, hostile_images, wait_for_clean_metrics
+from server.bench.fuzz import (
+    FRAME,
+    UNLIMITED_CONTROL,
+    control_floods,
+    fuzz,
+    hostile_images,
+    wait_for_clean_metrics,
+    watch_storm,
+)
 from server.settings import Settings
 
 EXAMPLES = 2_000
@@ -49,6 +57,18 @@ def test_hostile_messages_get_their_documented_answers(unlimited_server: Running
     print(f"fuzz: {stats.messages} messages in {stats.seconds:.1f} s; errors {stats.errors}")
     metrics = wait_for_clean_metrics(server.http_url)
     assert metrics["frames_live"] == 0 and metrics["sessions"] == 0
+
+
+def test_watch_storms_get_one_documented_answer_each(unlimited_server: RunningServer) -> None:
+    """2,000 generated watch messages (huge, blank and surrogate conditions, wrong types, create
+    and delete storms over a few ids) a hundred at a time: each gets exactly one answer, its
+    watch event or a documented error, and the session still pongs."""
+    answers = watch_storm(unlimited_server.ws_url, 2_000)
+    assert sum(answers.values()) == 2_000
+    assert answers.get("watch.created", 0) > 0 and answers.get("invalid_message", 0) > 0
+    assert answers.get("unknown_watch", 0) + answers.get("too_many_watches", 0) > 0, answers
+    print(f"watch storm: {answers}")
+    assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
 
 
 def test_hostile_image_set_covers_the_kinds() -> None:
