@@ -283,6 +283,17 @@ def watch_storm(url: str, messages: int, seed: int | None = None) -> dict[str, i
         runner.close()
 
 
+def huge_messages(max_frame_bytes: int = 10 * 1024 * 1024) -> list[Hostile]:
+    """Messages too big to generate often: each session takes them once."""
+    data = "A" * (max_frame_bytes + 4)
+    return [
+        Hostile(json.dumps({"type": "video.frame", "data": data, "frame_id": "huge"}), FRAME, "huge", "huge frame", True),
+        Hostile(json.dumps({"type": "video.query", "text": "x" * 1_000_000}), QUERY, None, "huge question", True),
+        Hostile(json.dumps({"type": "session.config", "system_prompt": "y" * 1_000_000}), PARSE, None, "huge config"),
+        Hostile(json.dumps({"type": "ping", "pad": [[0] * 1000] * 1000}), PARSE, None, "huge ping"),
+    ]
+
+
 # ---------------------------------------------------------------------- the session
 
 
