@@ -175,9 +175,13 @@ class Answer:
             self.first_audio_s = now - self.received
         return [ResponseAudioDelta(request_id=self.request_id, data=base64.b64encode(wav).decode("ascii"))]
 
-    def end(self, outcome: Outcome, now: float) -> list[ServerEvent]:
+    def end(
+        self, outcome: Outcome, now: float, *, interrupted_by: str | None = None, error_code: str | None = None
+    ) -> list[ServerEvent]:
         """The closing events: the whole text (when completed or any was made), audio done
-        (when any audio was sent), then ``response.done`` with usage and timings.
+        (when any audio was sent), then ``response.done`` with usage and timings, and why it
+        ended when it did not complete (``interrupted_by``: cancel, question, speech or
+        session_end; ``error_code``: the error sent for a failed one).
 
         Raises ``IllegalTransition`` unless started (so there is exactly one end per start),
         and for ``COMPLETED`` without the engine's ``Finished``.
@@ -205,6 +209,8 @@ class Answer:
         events.append(ResponseDone(
             request_id=self.request_id, status=outcome.value, finish_reason=reason, usage=usage, timings=timings,
             trigger=self.trigger,
+            interrupted_by=(interrupted_by or "session_end") if outcome is Outcome.INTERRUPTED else None,
+            error_code=(error_code or "internal_error") if outcome is Outcome.FAILED else None,
         ))
         return events
 

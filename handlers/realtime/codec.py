@@ -1,9 +1,10 @@
 """The Realtime codec: OpenAI Realtime messages <-> the session core's events.
 
 It translates and keeps only what translation needs: the session's audio formats, the ids
-it gave to items and to the running response, the pieces of that response's output item,
-and why an answer was interrupted (``turn_detected`` when speech started,
-``client_cancelled`` otherwise). Frames, audio buffers, turns and answers are the core's.
+it gave to items and to the running response, and the pieces of that response's output
+item. Why an answer ended comes with its ``response.done`` (``interrupted_by``, ``error_code``:
+``turn_detected`` when speech interrupted it, ``client_cancelled`` otherwise). Frames, audio
+buffers, turns and answers are the core's.
 
 How core events show up:
 
@@ -127,9 +128,7 @@ class RealtimeCodec:
         self._speech_item: str | None = None  # the item of the speech being heard
         self._question_audio_item: str | None = None  # the audio item the next transcript belongs to
         self._answer: _Answer | None = None
-        self._interrupted_by: str | None = None
         self._failed_event_id: str | None = None
-        self._answer_error: str | None = None
 
     # ------------------------------------------------------------------ connect
     def opening(self) -> list[CoreInput]:
@@ -163,7 +162,6 @@ class RealtimeCodec:
         if isinstance(event, rt.ResponseCreate):
             return [self._answer_request(event.response or rt.ResponseParams())]
         if isinstance(event, rt.ResponseCancel):
-            self._interrupted_by = "client_cancelled"
             return [CoreCancel(type="response.cancel")]
         raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unsupported event type {event.type!r}")
 
@@ -281,8 +279,6 @@ class RealtimeCodec:
             return [rt.ConversationItemRetrieved(event_id=self._eid(), item=_retrieved(event))]
         if isinstance(event, InputAudioSpeechStarted):
             self._speech_item = event.item_id or self._new_item()
-            if self._answer is not None and (self.config.get("turn_detection") or {}).get("interrupt_response", True):
-                self._interrupted_by = "turn_detected"
             return [rt.SpeechStarted(event_id=self._eid(), audio_start_ms=int(event.audio_start_ms), item_id=self._speech_item)]
         if isinstance(event, InputAudioSpeechStopped):
             item_id = event.item_id or self._speech_item or self._new_item()
@@ -352,8 +348,6 @@ class RealtimeCodec:
         trigger = event.trigger
         metadata = None if trigger is None else {"livesight_trigger": trigger.type, "watch_id": trigger.watch_id}
         answer = self._answer = _Answer(event.request_id, self._new_item(), "audio" in event.modalities, metadata)
-        self._interrupted_by = None
-        self._answer_error = None
         response = rt.ResponseOut(
             id=answer.response_id, status="in_progress", conversation_id=self._conversation_id(),
             output_modalities=["audio"] if answer.audio else ["text"],
@@ -379,14 +373,13 @@ class RealtimeCodec:
         elif event.status == "completed":
             status, details = "completed", rt.StatusDetails(type="completed")
         elif event.status == "interrupted":
-            reason = self._interrupted_by or "client_cancelled"
+            reason = "turn_detected" if event.interrupted_by == "speech" else "client_cancelled"
             status, details = "cancelled", rt.StatusDetails(type="cancelled", reason=reason)
         else:
             status = "failed"
             details = rt.StatusDetails(
-                type="failed", error=rt.StatusError(type="server_error", code=self._answer_error or "engine_error")
+                type="failed", error=rt.StatusError(type="server_error", code=event.error_code or "engine_error")
             )
-        self._interrupted_by = None
         item_status = "completed" if status == "completed" else "incomplete"
         item = answer.item(item_status)
         usage = event.usage
@@ -415,8 +408,6 @@ class RealtimeCodec:
     def _error(self, event: ErrorEvent) -> rt.RealtimeError:
         event_id, self._failed_event_id = self._failed_event_id, None
         server_side = event.code in _SERVER_ERRORS
-        if server_side and self._answer is not None:
-            self._answer_error = event.code
         return rt.RealtimeError(
             event_id=self._eid(),
             error=rt.ErrorDetail(

@@ -111,6 +111,7 @@ class Turn:
     done: anyio.Event
     listening: Listening | None = None  # the question's audio, transcribed as it was spoken
     before: list[ServerEvent] = field(default_factory=list)  # sent before its response.start (watch.fired)
+    stopped_by: str | None = None  # what interrupted it: cancel, question, speech (else the session's end)
 
 
 def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
@@ -368,14 +369,14 @@ class Session:
                     if isinstance(event, Ping):
                         await self.send(Pong())
                     elif isinstance(event, ResponseCancel):
-                        self._stop_answer()
+                        self._stop_answer("cancel")
                     elif isinstance(event, SessionConfig):
                         await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
                     elif isinstance(event, VideoFrame):
                         await self._read_frame(frames, event)
                     else:
                         if isinstance(event, (VideoQuery, AnswerRequest)):
-                            self._stop_answer()
+                            self._stop_answer("question")
                         self.waiting_messages += 1
                         await turns.send((event, time.perf_counter(), self.frames_read))
                         if isinstance(event, VideoDone):
@@ -411,11 +412,14 @@ class Session:
             ))
             raise Disconnected(1008)
 
-    def _stop_answer(self) -> None:
+    def _stop_answer(self, cause: str) -> None:
         """Stop the running answer without waiting for it (the reader must keep reading);
-        its task sends its end, and the turn lane waits for that before the next answer."""
-        if self.turn is not None:
-            self.turn.scope.cancel()
+        its task sends its end, and the turn lane waits for that before the next answer.
+        ``cause``: cancel, question or speech (its ``response.done`` says which)."""
+        turn = self.turn
+        if turn is not None:
+            turn.stopped_by = turn.stopped_by or cause
+            turn.scope.cancel()
 
     async def _read_frame(self, queue: anyio.abc.ObjectSendStream[object], event: VideoFrame) -> None:
         """Queue a frame within the byte budgets, or shed it with an ``overloaded`` ack."""
@@ -515,7 +519,7 @@ class Session:
                         await self._on_done()
                         return
                     elif isinstance(event, AnswerRequest):
-                        await self.interrupt()
+                        await self.interrupt("question")
                         await self._start_turn(self.core.plan_answer(event), received)
                     elif isinstance(event, WATCH_EVENTS):
                         await self._send_all(self.core.apply_watch(event))
@@ -546,13 +550,13 @@ class Session:
             if isinstance(decision, SpeechStarted):
                 await self.send(self.core.turn_event(decision))
                 if self.core.speech_interrupts:
-                    await self.interrupt()  # barge-in: the speaker talks over the answer
+                    await self.interrupt("speech")  # barge-in: the speaker talks over the answer
             elif isinstance(decision, SpeechStopped):
                 await self.send(self.core.turn_event(decision))
             elif isinstance(decision, SpokenQuestion) and not self.core.answers_speech(self.turn is not None):
                 await self._hold_spoken(decision)
             elif isinstance(decision, SpokenQuestion):
-                await self.interrupt()
+                await self.interrupt("question")
                 listening, self._listening = self._listening, None
                 plan = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
                 await self._start_turn(plan, time.perf_counter(), listening)
@@ -620,7 +624,7 @@ class Session:
 
     # ------------------------------------------------------------------ answers
     async def _on_query(self, event: VideoQuery, received: float) -> None:
-        await self.interrupt()  # a turn may have started between reader and processor
+        await self.interrupt("question")  # a turn may have started between reader and processor
         listening = None
         if self.core.detector is None:  # the query takes the buffered audio, and its transcription
             listening, self._listening = self._listening, None
@@ -662,11 +666,12 @@ class Session:
             raise
         self._tg.start_soon(self._answer, turn)
 
-    async def interrupt(self) -> None:
-        """Cancel the running answer, if any, and wait until it has ended."""
+    async def interrupt(self, cause: str) -> None:
+        """Cancel the running answer, if any (``cause``: see ``_stop_answer``), and wait until
+        it has ended."""
         turn = self.turn
         if turn is not None:
-            turn.scope.cancel()
+            self._stop_answer(cause)
             await turn.done.wait()
 
     async def _answer(self, turn: Turn) -> None:
@@ -674,6 +679,7 @@ class Session:
         plan, answer = turn.plan, turn.answer
         log_context.request_id.set(plan.request_id)  # this task's own context: log lines name the answer
         outcome = Outcome.INTERRUPTED
+        error_code: str | None = None
         spoken: SpokenAnswer | None = None
         try:
             await self._send_all([*turn.before, *self.turns.start()])
@@ -702,17 +708,17 @@ class Session:
                 if answer.finished is not None:
                     outcome = Outcome.COMPLETED
         except SessionError as exc:
-            outcome = Outcome.FAILED
+            outcome, error_code = Outcome.FAILED, exc.code.value
             await self.report(exc)
         except EngineError as exc:
             log.warning("engine failed request %s: %s", plan.request_id, exc)
-            outcome = Outcome.FAILED
+            outcome, error_code = Outcome.FAILED, ErrorCode.ENGINE_ERROR.value
             await self.report(SessionError(ErrorCode.ENGINE_ERROR, "the engine failed to answer"))
         except Disconnected:
             raise
         except Exception:
             log.exception("bug while answering %s", plan.request_id)
-            outcome = Outcome.FAILED
+            outcome, error_code = Outcome.FAILED, ErrorCode.INTERNAL_ERROR.value
             await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"))
         finally:
             with anyio.CancelScope(shield=True):
@@ -720,7 +726,7 @@ class Session:
                     await spoken.cancel()  # nothing of this answer is spoken after its response.done
                 if turn.listening is not None:
                     await turn.listening.cancel()  # an interrupted transcription stops at once
-                ending = answer.end(outcome, time.perf_counter())
+                ending = answer.end(outcome, time.perf_counter(), interrupted_by=turn.stopped_by, error_code=error_code)
                 self.core.finish(plan, answer.kept_text, interrupted=outcome is Outcome.INTERRUPTED)
                 try:
                     await self._send_all(ending)

@@ -494,6 +494,9 @@ class ResponseDone(ServerEvent):
     usage: UsageInfo = Field(default_factory=UsageInfo)
     timings: Timings
     trigger: ResponseTrigger | None = None
+    #: ``interrupted``: what stopped it; ``failed``: the code of the error sent for it.
+    interrupted_by: Literal["cancel", "question", "speech", "session_end"] | None = None
+    error_code: str | None = None
 
 
 class WatchCreated(ServerEvent):
