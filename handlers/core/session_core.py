@@ -231,6 +231,21 @@ def _image_type(data: bytes) -> str:
     return "image/jpeg"
 
 
+def opening_config(decode: Callable[[], list[object]]) -> SessionConfig:
+    """The session's first message as its ``session.config`` (``decode`` parses it). Raises
+    ``invalid_config`` for anything else: a message that does not parse, or another type."""
+    try:
+        events = decode()
+    except SessionError as exc:
+        if exc.code in {ErrorCode.INVALID_JSON, ErrorCode.INVALID_MESSAGE, ErrorCode.UNKNOWN_TYPE}:
+            raise SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be session.config ({exc.message})") from None
+        raise
+    event = events[0] if len(events) == 1 else None
+    if not isinstance(event, SessionConfig):
+        raise SessionError(ErrorCode.INVALID_CONFIG, "the first message must be session.config")
+    return event
+
+
 class SessionCore:
     """One session's state and decisions."""
 
@@ -313,7 +328,7 @@ class SessionCore:
         self.move_to(Phase.READY)
         return SessionReady(
             session_id=self.session_id,
-            config=self._effective_config(),
+            config={k: v for k, v in self._effective_config().items() if k != "resume_token"},
             limits={**asdict(self.limits), "max_frames": config.max_frames},
             capabilities={
                 **asdict(self.capabilities),
@@ -327,6 +342,11 @@ class SessionCore:
             ignored_fields=config.ignored_fields,
             notes=notes,
         )
+
+    def resumed(self, first: SessionReady) -> SessionReady:
+        """The ``session.ready`` of this session taken back by its client: the first one's,
+        marked resumed, with the last frame the session took (the client resends after it)."""
+        return first.model_copy(update={"resumed": True, "last_frame_id": self.last_frame_id})
 
     def _normalise(self, config: SessionConfig) -> tuple[SessionConfig, list[str]]:
         """``config`` as this server can serve it, and a note for each change made."""

@@ -44,6 +44,7 @@ from server import blocking
 from handlers.wire.codec import V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, Command
 from handlers.core.session_core import (
+    opening_config,
     Limits,
     Phase,
     QueryPlan,
@@ -261,13 +262,8 @@ class Session:
             ))
             return False
         try:
-            events = events or self.codec.decode(raw)
-            event = events[0] if len(events) == 1 else None
-            if not isinstance(event, SessionConfig):
-                raise SessionError(ErrorCode.INVALID_CONFIG, "the first message must be session.config")
+            event = opening_config(lambda: events or self.codec.decode(raw))
         except SessionError as exc:
-            if exc.code in {ErrorCode.INVALID_JSON, ErrorCode.INVALID_MESSAGE, ErrorCode.UNKNOWN_TYPE}:
-                exc = SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be session.config ({exc.message})")
             await self._fail(exc)
             return False
         if not self.admission.claim(self.id):
@@ -293,11 +289,10 @@ class Session:
         if parked is not None:
             self.id, self.core = parked.session_id, parked.core
             log_context.session_id.set(self.id)
-            ready = parked.ready.model_copy(update={"resumed": True, "last_frame_id": self.core.last_frame_id})
+            ready = self.core.resumed(parked.ready)
             log.info("session resumed at frame %r", self.core.last_frame_id)
         else:
             ready = self.core.configure(config)
-            ready = ready.model_copy(update={"config": {k: v for k, v in ready.config.items() if k != "resume_token"}})
         self._ready = ready.model_copy(update={"resumed": False, "last_frame_id": None})
         if self.parking is not None:
             self._resume_token = self.parking.new_token()
