@@ -189,3 +189,19 @@ class MemoryTransport:
 
     def hang_up(self) -> None:
         self._to_server.close()
+
+
+async def run_session(engine: Engine, limits: Any, body: Any, **config: Any) -> tuple[Any, MemoryTransport]:
+    """Run one session of the adapter over a ``MemoryTransport`` with ``config``: once it is
+    ready, ``await body(transport, session)``, then hang up. Returns the session and transport."""
+    from handlers.session.adapter import Session
+
+    transport = MemoryTransport()
+    session = Session(transport, engine, limits, config_timeout_s=5)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(session.run)
+        await transport.put(type="session.config", **config)
+        assert (await transport.get())["type"] == "session.ready"
+        await body(transport, session)
+        transport.hang_up()
+    return session, transport

@@ -9,7 +9,7 @@ from handlers.core.session_core import Limits
 from handlers.core.frames import live_frame_count
 from handlers.session.adapter import Session
 from tests.protocol_client import b64, jpeg_frame
-from tests.scripted import MemoryTransport, ScriptedEngine, image_keys
+from tests.scripted import MemoryTransport, ScriptedEngine, image_keys, run_session
 
 pytestmark = pytest.mark.anyio
 
@@ -26,15 +26,7 @@ async def _wait(predicate, timeout: float = 5) -> None:
 
 
 async def _run(engine: ScriptedEngine, body, **config) -> Session:
-    transport = MemoryTransport()
-    session = Session(transport, engine, LIMITS, config_timeout_s=5)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.run)
-        await transport.put(type="session.config", **config)
-        assert (await transport.get())["type"] == "session.ready"
-        await body(transport, session)
-        transport.hang_up()
-    return session
+    return (await run_session(engine, LIMITS, body, **config))[0]
 
 
 async def _frames(transport: MemoryTransport, n: int, start: int = 0) -> None:

@@ -10,7 +10,7 @@ import pytest
 from handlers.core.session_core import Limits
 from handlers.session.adapter import Session
 from tests.protocol_client import b64, jpeg_frame
-from tests.scripted import MemoryTransport, ScriptedEngine
+from tests.scripted import MemoryTransport, ScriptedEngine, run_session
 from handlers.media.preparation import content_key
 
 pytestmark = pytest.mark.anyio
@@ -29,15 +29,7 @@ def red_engine(**fields) -> ScriptedEngine:
 
 
 async def run(engine: ScriptedEngine, body, **config) -> tuple[Session, MemoryTransport]:
-    transport = MemoryTransport()
-    session = Session(transport, engine, LIMITS, config_timeout_s=5)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.run)
-        await transport.put(type="session.config", **config)
-        assert (await transport.get())["type"] == "session.ready"
-        await body(transport, session)
-        transport.hang_up()
-    return session, transport
+    return await run_session(engine, LIMITS, body, **config)
 
 
 async def settle(session: Session) -> None:
