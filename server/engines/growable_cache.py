@@ -4,7 +4,8 @@ transformers' ``DynamicLayer`` appends with ``torch.cat``, copying the whole cac
 step: with thousands of warm prefix tokens, that copy is most of a query's time to first
 token. ``GrowableLayer`` keeps keys and values in buffers with spare room (doubling when
 full) and exposes views of the filled part, so appending writes only the new tokens and
-cropping moves nothing.
+cropping moves nothing. ``crop_to`` takes any cache back to a length (a check's scratch
+tokens, appended after the session's, are cut off again that way).
 """
 
 from __future__ import annotations
@@ -78,3 +79,14 @@ def new_cache(config: Any) -> DynamicCache:
     if all(type(layer) is DynamicLayer for layer in cache.layers):
         cache.layers = [GrowableLayer() for _ in cache.layers]
     return cache
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Cut every layer of ``cache`` to at most ``length`` tokens: the cache as it was before a
+    step that appended to it, even one that failed part-way (its layers then differ in length).
+
+    Raises ``RuntimeError`` for a layer that cannot go back (a sliding window already full)."""
+    for layer in cache.layers:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)

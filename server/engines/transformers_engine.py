@@ -8,6 +8,12 @@ that cancels a warmup (or a re-warm after an eviction) waits behind the frame be
 prefilled, never behind the whole window. Each session keeps a KV cache that is extended as
 its prompt grows and cut back to the longest still-valid prefix when it changes (see
 ``kv_cache``).
+
+A check (``check``: yes or no, from the next token's distribution) is one model step per
+prompt: the prompt's tokens beyond what the session's cache shares with it are run after the
+cache, as scratch, and cut off again in the same step, so nothing of it is kept and no other
+job ever sees it. Where the cache holds more than the shared prefix (an answer's tokens), the
+scratch tokens are masked from that part instead of the cache being cut back to it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 
 from server.engines.base import (
     Capabilities,
+    CheckResult,
     Engine,
     EngineError,
     EngineEvent,
@@ -33,10 +40,11 @@ from server.engines.base import (
 )
 from server.engines.detokenizer import IncrementalDetokenizer
 from server.engines.hf_loading import load_model, load_processor, model_family, model_image_side
-from server.engines.growable_cache import new_cache
+from server.engines.growable_cache import crop_to, new_cache
 from server.engines.kv_cache import CacheBudget, SessionCache
 from server.engines.model_thread import ModelThread
 from server.engines.prompt_encoding import Piece, PromptEncoder
+from server.engines.yes_no import answer_token_ids, yes_probability
 
 log = logging.getLogger("livesight.engines")
 T = TypeVar("T")
@@ -74,7 +82,10 @@ class TransformersEngine(Engine):
         self.model: Any = None
         self.encoder: PromptEncoder | None = None
         self._stop_ids: frozenset[int] = frozenset()
-        self.capabilities = Capabilities(name="transformers", model=model_path, warm_prefix=True)
+        self._yes_ids = self._no_ids = torch.empty(0, dtype=torch.long)
+        self.capabilities = Capabilities(
+            name="transformers", model=model_path, warm_prefix=True, token_probabilities=True
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -94,9 +105,13 @@ class TransformersEngine(Engine):
         if processor.tokenizer.eos_token_id is not None:
             stop.append(processor.tokenizer.eos_token_id)
         self._stop_ids = frozenset(stop)
+        yes, no = answer_token_ids(processor.tokenizer)
+        self._yes_ids = torch.tensor(yes, dtype=torch.long)
+        self._no_ids = torch.tensor(no, dtype=torch.long)
         side = model_image_side(processor.image_processor, self._max_image_side)
         self.capabilities = Capabilities(
-            name="transformers", model=self.model_path, warm_prefix=True, max_image_side=side
+            name="transformers", model=self.model_path, warm_prefix=True, max_image_side=side,
+            token_probabilities=True,
         )
         log.info("transformers engine: %s (%s family) on %s", self.model_path, family, self.device)
 
@@ -118,10 +133,7 @@ class TransformersEngine(Engine):
 
         New images are preprocessed one per model-thread job, like the prefill steps, so a
         query waits behind one frame's work at most."""
-        if self.encoder is not None:
-            for image in _images(prompt):
-                if not self.encoder.knows(image):
-                    await self._run(self.encoder.image_piece, image)
+        await self._preprocess_new_images(prompt)
         pieces = await self._run(self._encode, prompt)
         with self.budget.hold(session_id):
             cache = await self._run(self._reuse, session_id, pieces, False)
@@ -129,6 +141,24 @@ class TransformersEngine(Engine):
             for chunk in _chunks(todo, self.prefill_chunk_tokens, one_image=True):
                 await self._run(self._forward, session_id, cache, chunk)
             return cache.length
+
+    async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
+        """How likely each prompt's answer starts with yes; see ``Engine.check``.
+
+        The prompts go one after another, each one model step over the session's cache (new
+        images are preprocessed first, one per job, as for ``prefill``), so cancelling stops
+        between steps and the cache is as it was either way. ``cached_tokens``: the prompt's
+        tokens the session's cache already held. Raises ``EngineError``.
+        """
+        results = []
+        with self.budget.hold(session_id):  # another session's step must not evict this cache
+            for prompt in prompts:
+                if prompt.open_turn:
+                    raise EngineError("a check needs a closed question turn")
+                await self._preprocess_new_images(prompt)
+                pieces = await self._run(self._encode, prompt)
+                results.append(await self._run(self._check_step, session_id, pieces))
+        return results
 
     async def generate(
         self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling
@@ -180,6 +210,13 @@ class TransformersEngine(Engine):
             log.exception("model step failed")
             raise EngineError(f"model step failed: {type(exc).__name__}") from exc
 
+    async def _preprocess_new_images(self, prompt: Prompt) -> None:
+        """Run the processor on the prompt's images it has not seen, one model-thread job each."""
+        if self.encoder is not None:
+            for image in _images(prompt):
+                if not self.encoder.knows(image):
+                    await self._run(self.encoder.image_piece, image)
+
     def _encode(self, prompt: Prompt) -> list[Piece]:
         if self.encoder is None:
             raise EngineError("engine not started")
@@ -202,20 +239,10 @@ class TransformersEngine(Engine):
         """Append ``pieces`` to the session's cache; returns the logits after the last token."""
         ids = [i for p in pieces for i in p.ids]
         positions, _ = self.encoder.position_ids(pieces, cache.next_position)
-        inputs = _image_inputs(self.encoder, pieces)
         if cache.kv is None:
             cache.kv = new_cache(self.model.config)
-        if self.encoder.family.mrope:
-            self.model.model.rope_deltas = None
         try:
-            out = self.model(
-                input_ids=torch.tensor([ids], device=self.model.device),
-                position_ids=positions.to(self.model.device),
-                past_key_values=cache.kv,
-                use_cache=True,
-                logits_to_keep=1,
-                **{k: v.to(self.model.device) for k, v in inputs.items()},
-            )
+            out = self._model_step(cache.kv, pieces, positions)
         except BaseException:
             cache.clear()  # the KV tensors may hold part of this step
             raise
@@ -227,8 +254,74 @@ class TransformersEngine(Engine):
         self.budget.enforce(keep=session_id)
         return out.logits[0, -1].float().cpu()
 
+    def _model_step(
+        self, kv: Any, pieces: list[Piece], positions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> Any:
+        """The model's forward over ``pieces`` after the tokens in ``kv`` (which it extends),
+        keeping the last position's logits; ``mask``: which of all the tokens to attend to."""
+        if self.encoder.family.mrope:
+            self.model.model.rope_deltas = None
+        return self.model(
+            input_ids=torch.tensor([[i for p in pieces for i in p.ids]], device=self.model.device),
+            position_ids=positions.to(self.model.device),
+            attention_mask=mask,
+            past_key_values=kv,
+            use_cache=True,
+            logits_to_keep=1,
+            **{k: v.to(self.model.device) for k, v in _image_inputs(self.encoder, pieces).items()},
+        )
+
+    @torch.inference_mode()
+    def _check_step(self, session_id: str, pieces: list[Piece]) -> CheckResult:
+        """One check: the logits after ``pieces``, computed on the session's cache and cut off
+        again before returning (a step that fails leaves the cache as it was, or empty).
+
+        The tokens the cache shares with ``pieces`` are reused; the rest run after the cache's
+        last token, at the positions they have in ``pieces``, with the cache's tokens past the
+        shared prefix masked out. A cache that shares nothing is not touched: the prompt runs
+        on a cache of its own.
+        """
+        cache = self.budget.get(session_id)
+        total = sum(len(p.ids) for p in pieces)
+        if not total:
+            raise EngineError("empty prompt")
+        shared, _ = cache.common_prefix(pieces)
+        if shared >= total:  # the last prompt token must run again to give the answer's logits
+            last = pieces[-1]
+            shared = total - (len(last.ids) if last.image_key else 1)
+        held = cache.length
+        todo = _remaining(pieces, shared)
+        ids = [i for p in todo for i in p.ids]
+        positions, _ = self.encoder.position_ids(todo, cache.next_positions[shared - 1] if shared else 0)
+        kv, mask = new_cache(self.model.config), None
+        if shared and cache.kv is not None:
+            kv = cache.kv
+            if shared < held:
+                mask = torch.ones((1, held + len(ids)), dtype=torch.long, device=self.model.device)
+                mask[0, shared:held] = 0
+        try:
+            out = self._model_step(kv, todo, positions, mask)
+        finally:
+            if kv is cache.kv:
+                try:
+                    crop_to(kv, held)
+                except RuntimeError:  # a layer that cannot go back: the cache is lost, not wrong
+                    cache.clear()
+                    raise
+        probs = torch.softmax(out.logits[0, -1].float(), dim=-1).cpu()
+        cached = shared if kv is cache.kv else 0
+        return CheckResult(_answer_probability(probs, self._yes_ids, self._no_ids), total, cached)
+
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _answer_probability(probs: torch.Tensor, yes_ids: torch.Tensor, no_ids: torch.Tensor) -> float:
+    """P(yes) / (P(yes) + P(no)) from the next token's probabilities (``yes_no``)."""
+    vocab = probs.shape[-1]
+    yes = float(probs[yes_ids[yes_ids < vocab]].sum())
+    no = float(probs[no_ids[no_ids < vocab]].sum())
+    return yes_probability(yes, no)
 
 
 def _images(prompt: Prompt) -> list[ImageSegment]:

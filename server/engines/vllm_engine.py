@@ -14,6 +14,14 @@ on a shared 2-core machine), and every warm request hands it the whole window. W
 longer holds one (its cache evicted it) it refuses the request with "Cache miss"; the request
 is then submitted once more with every image's data and the set starts afresh.
 
+A check (yes or no from the first answer token) is a one-token request per prompt, all of a
+call's prompts submitted at once, over the same prompt as a question's, so vLLM's prefix cache
+serves the warm prefix they share and only the question is computed. It asks vLLM for the
+log probabilities of exactly the yes and no tokens (``logprob_token_ids``: full-vocabulary
+values, so the probability is exact), or where vLLM cannot take them (more ids than it
+allows, an older vLLM) for the top ``TOP_LOGPROBS``, where a token outside them counts as
+nothing. Nothing of it is kept but the prefix blocks vLLM caches anyway.
+
 A request's life: ``add_request`` runs shielded from cancellation, so once it returns the
 engine has accepted the request and from then on every way out of the stream (finished,
 cancelled, closed early, failed) either saw the request finish or aborts it. vLLM's own
@@ -39,6 +47,7 @@ import anyio
 
 from server.engines.base import (
     Capabilities,
+    CheckResult,
     Engine,
     EngineError,
     EngineEvent,
@@ -53,6 +62,7 @@ from server.engines.base import (
 )
 from server.engines.prompt_encoding import render_chat, special_tokens
 from server.engines.warm_cadence import WarmCadence
+from server.engines.yes_no import answer_token_ids, check_concurrently, yes_probability_of_logprobs
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -70,6 +80,9 @@ class VllmStats(EngineStats, total=False):
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 _HELD_KEYS = 8192  # content keys of images vLLM was handed (a forgotten one is only handed again)
+#: A check's top log probabilities where vLLM cannot give those of the yes and no tokens
+#: themselves (vLLM's default ``max_logprobs``).
+TOP_LOGPROBS = 20
 
 
 class _ImagesLost(EngineError):
@@ -106,7 +119,7 @@ class VllmEngine(Engine):
         }
         self.trust_remote_code = trust_remote_code
         self._max_image_side = max_image_side
-        self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True)
+        self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True, token_probabilities=True)
         self._llm: AsyncLLM | None = None
         self._template: Any = None  # the processor (or tokenizer) owning the chat template
         self._specials: list[str] = []
@@ -114,6 +127,9 @@ class VllmEngine(Engine):
         self._live: dict[str, set[str]] = {}  # session id -> engine request ids still running
         self._held: OrderedDict[str, None] = OrderedDict()  # images vLLM was handed, by content key
         self._cache_misses = 0
+        self._yes_ids: frozenset[int] = frozenset()
+        self._no_ids: frozenset[int] = frozenset()
+        self._check_logprobs: dict[str, Any] = {"logprobs": TOP_LOGPROBS}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -137,10 +153,28 @@ class VllmEngine(Engine):
         except (OSError, ValueError, RuntimeError, TypeError, KeyError, ImportError) as exc:
             raise EngineError(f"vLLM could not start {self.model_path!r}: {exc}") from exc
         self._template = processor
-        self._specials = special_tokens(getattr(processor, "tokenizer", processor))  # escaped in user text
+        tokenizer = getattr(processor, "tokenizer", processor)
+        self._specials = special_tokens(tokenizer)  # escaped in user text
+        await anyio.to_thread.run_sync(self._find_answer_tokens, tokenizer)
         side = model_image_side(processor.image_processor, self._max_image_side)
-        self.capabilities = Capabilities(name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side)
+        self.capabilities = Capabilities(
+            name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side, token_probabilities=True
+        )
         log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
+
+    def _find_answer_tokens(self, tokenizer: Any) -> None:
+        """The yes and no token ids, and how a check asks for their log probabilities."""
+        import vllm.sampling_params
+
+        vocab = self._llm.model_config.get_vocab_size() if self._llm is not None else len(tokenizer)
+        yes, no = answer_token_ids(tokenizer)
+        self._yes_ids = frozenset(i for i in yes if i < vocab)
+        self._no_ids = frozenset(i for i in no if i < vocab)
+        ids = sorted(self._yes_ids | self._no_ids)
+        if 0 < len(ids) <= getattr(vllm.sampling_params, "MAX_LOGPROB_TOKEN_IDS", 0):
+            self._check_logprobs = {"logprob_token_ids": ids}
+        else:
+            self._check_logprobs = {"logprobs": TOP_LOGPROBS}
 
     async def close(self) -> None:
         llm, self._llm = self._llm, None
@@ -224,6 +258,43 @@ class VllmEngine(Engine):
                     reason = _finish_reason(completion.finish_reason)
         spoken = max(0, min(self._text_tokens(prompt.spoken), prompt_tokens - images))
         yield Finished(reason, Usage(prompt_tokens, cached, produced, images, spoken))
+
+    async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
+        """How likely each prompt's answer starts with yes; see ``Engine.check``.
+
+        One one-token request per prompt (``{request_id}-{index}-{n}``, ``n`` counting this
+        engine's own requests, as a session may name every round of checks alike), submitted together;
+        cancelling aborts those still running. ``cached_tokens`` is vLLM's prefix-cache hit
+        (whole blocks). Raises ``EngineError``, also when vLLM returns no log probabilities.
+        """
+        return await check_concurrently(
+            prompts,
+            lambda index, prompt: self._check_one(session_id, f"{request_id}-{index}-{next(self._warm_ids)}", prompt),
+        )
+
+    async def _check_one(self, session_id: str, request_id: str, prompt: Prompt) -> CheckResult:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY, **self._check_logprobs
+        )
+        final = None
+        async with aclosing(self._stream(session_id, request_id, prompt, params)) as outputs:
+            async for out in outputs:
+                final = out
+        completion = final.outputs[0] if final is not None and final.outputs else None
+        if completion is None:
+            raise EngineError(f"vLLM ended check {request_id} without an answer")
+        _finish_reason(completion.finish_reason)  # raises for a failed request
+        if not completion.logprobs:
+            raise EngineError(f"vLLM gave no token probabilities for check {request_id}")
+        first = completion.logprobs[0]  # token id -> Logprob, for the first answer position
+        probability = yes_probability_of_logprobs(
+            (lp.logprob for token, lp in first.items() if token in self._yes_ids),
+            (lp.logprob for token, lp in first.items() if token in self._no_ids),
+        )
+        return CheckResult(probability, len(final.prompt_token_ids or ()), final.num_cached_tokens or 0)
 
     def _image_tokens(self, token_ids: Any) -> int:
         """Image tokens in a prompt: the processor's image token id, once per token it expands to."""

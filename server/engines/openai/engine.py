@@ -3,7 +3,8 @@
 Each answer is one streamed ``/v1/chat/completions`` request. Warmup is the same request over
 the prefix, closed as a user turn, for one token: the server caches every block up to the last
 frame, which is what the next query shares with it. A session's warm requests are paced by a
-``WarmCadence``.
+``WarmCadence``. A check (yes or no, from the first answer token) is the same request as a
+question's, not streamed, for one token with its top log probabilities.
 
 Each frame crosses to a replica once: later requests name it by ``uuid`` alone (see
 ``messages``). A replica that lost an image (it restarted, or its cache evicted it) answers
@@ -32,17 +33,20 @@ from typing import Any
 import anyio
 import httpx
 
-from server.engines.base import Capabilities, Engine, EngineError, EngineEvent, Finished, Prompt, Sampling
+from server.engines.base import Capabilities, CheckResult, Engine, EngineError, EngineEvent, Finished, Prompt, Sampling
 from server.engines.openai import replicas
 from server.engines.openai.messages import Body, DataUrls, chat_body
 from server.engines.openai.replicas import Replica, ReplicaDown, replica_base
-from server.engines.openai.stream import FINISH_REASONS, choice_events, error_text, sse_chunks
+from server.engines.openai.stream import FINISH_REASONS, choice_events, error_text, first_token_logprobs, sse_chunks
 from server.engines.openai.usage import RemoteStats, ReplicaStats, Traffic, remote_usage
 from server.engines.warm_cadence import WarmCadence
+from server.engines.yes_no import answer_kind, check_concurrently, yes_probability_of_logprobs
 
 log = logging.getLogger("livesight.engines")
 
 _CONNECT_TIMEOUT_S = 5.0
+#: A check's top log probabilities of the first answer token (OpenAI's and vLLM's most by default).
+TOP_LOGPROBS = 20
 
 
 class _ServerFailure(EngineError):
@@ -86,7 +90,8 @@ class OpenAIEngine(Engine):
         self._live = 0
         self.traffic = Traffic()
         self.capabilities = Capabilities(
-            name="openai", model=model or "", warm_prefix=True, audio_output=audio_output, max_image_side=max_image_side
+            name="openai", model=model or "", warm_prefix=True, audio_output=audio_output,
+            max_image_side=max_image_side, token_probabilities=True,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -104,7 +109,7 @@ class OpenAIEngine(Engine):
             log.warning("openai engine: no replica is healthy yet (%s)", ", ".join(r.base for r in self.replicas))
         self.capabilities = Capabilities(
             name="openai", model=self.model, warm_prefix=True, audio_output=self.audio_output,
-            max_image_side=self.capabilities.max_image_side,
+            max_image_side=self.capabilities.max_image_side, token_probabilities=True,
         )
         log.info("openai engine: model %s on %d replica(s), %d healthy", self.model, len(self.replicas), len(up))
 
@@ -132,24 +137,63 @@ class OpenAIEngine(Engine):
             return await self._warm(session_id, prompt)
 
     async def _warm(self, session_id: str, prompt: Prompt) -> int:
+        _, answer = await self._complete(session_id, prompt, {})
+        return int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+
+    async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
+        """How likely each prompt's answer starts with yes; see ``Engine.check``.
+
+        One chat completion per prompt (``{request_id}-{index}``), all sent at once: the messages
+        a question would send, for one token, with the first token's ``TOP_LOGPROBS`` top log
+        probabilities. The yes and no words among those tokens' texts give the probability; a
+        token outside the top ones counts as nothing (0.5 when neither word is among them).
+        ``cached_tokens`` is the server's ``prompt_tokens_details.cached_tokens`` (vLLM sends it
+        with ``--enable-prompt-tokens-details``). A server that returns no log probabilities
+        (one that does not support them) fails the check with ``EngineError``, as does any
+        other failure; cancelling closes the requests' connections.
+        """
+        return await check_concurrently(
+            prompts, lambda index, prompt: self._check_one(session_id, f"{request_id}-{index}", prompt)
+        )
+
+    async def _check_one(self, session_id: str, request_id: str, prompt: Prompt) -> CheckResult:
+        extra = {"logprobs": True, "top_logprobs": TOP_LOGPROBS}
+        replica, answer = await self._complete(session_id, prompt, extra, request_id)
+        tops = first_token_logprobs(answer)
+        if tops is None:
+            raise EngineError(f"{replica.base} returned no token probabilities (logprobs) for a check")
+        probability = yes_probability_of_logprobs(
+            (lp for token, lp in tops if answer_kind(token) == "yes"),
+            (lp for token, lp in tops if answer_kind(token) == "no"),
+        )
+        usage = remote_usage(answer.get("usage") or {}, prompt)
+        return CheckResult(probability, usage.prompt_tokens, usage.cached_tokens)
+
+    async def _complete(
+        self, session_id: str, prompt: Prompt, extra: dict[str, Any], request_id: str | None = None
+    ) -> tuple[Replica, dict[str, Any]]:
+        """One chat completion for one token, not streamed; returns the replica that answered
+        and its answer. Sent once more where ``generate`` would be. Raises ``EngineError``."""
         sampling = Sampling(temperature=0.0, max_tokens=1)
+        extra = {"stream": False, **extra}
         replica = await self._pick(session_id)
         self._live += 1
         try:
             try:
-                response = await self._open(replica, prompt, sampling, {"stream": False}, stream=False)
+                response = await self._open(replica, prompt, sampling, extra, stream=False, request_id=request_id)
             except (_ServerFailure, ReplicaDown):  # see generate
                 replica = await self._pick(session_id)
-                response = await self._open(replica, prompt, sampling, {"stream": False}, stream=False)
+                response = await self._open(replica, prompt, sampling, extra, stream=False, request_id=request_id)
         finally:
             self._live -= 1
         try:
-            usage = response.json().get("usage") or {}
-        except (ValueError, AttributeError) as exc:
+            answer = response.json()
+        except ValueError as exc:
             raise EngineError(f"{replica.base} sent a malformed answer") from exc
-        tokens = int(usage.get("prompt_tokens") or 0)
-        self.traffic.prompt_tokens += tokens
-        return tokens
+        if not isinstance(answer, dict):
+            raise EngineError(f"{replica.base} sent a malformed answer")
+        self.traffic.prompt_tokens += int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        return replica, answer
 
     async def generate(
         self, session_id: str, request_id: str, prompt: Prompt, sampling: Sampling

@@ -1,4 +1,4 @@
-"""What a server streams back, as livesight's engine events.
+"""What a server sends back, as livesight's engine events (and a check's log probabilities).
 
 The servers differ in how they speak: text arrives as ``delta.content``; speech as OpenAI's
 ``delta.audio`` (base64 PCM16 at 24 kHz, or WAV, with an optional transcript) or as
@@ -67,6 +67,21 @@ def choice_events(choice: dict[str, Any], modality: str | None) -> list[EngineEv
         if audio.get("data"):
             events.append(AudioChunk(_as_wav(_b64decode(audio["data"]))))
     return events
+
+
+def first_token_logprobs(answer: dict[str, Any]) -> list[tuple[str, float]] | None:
+    """A non-streamed chat completion's top log probabilities of its first token, as (token text,
+    log probability) pairs (``choices[0].logprobs.content[0].top_logprobs``); None when the
+    answer has none. Raises ``EngineError`` for entries that are not a text and a number."""
+    choices = answer.get("choices") or []
+    logprobs = (choices[0].get("logprobs") if choices and isinstance(choices[0], dict) else None) or {}
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not content or not isinstance(content[0], dict) or not content[0].get("top_logprobs"):
+        return None
+    try:
+        return [(str(entry["token"]), float(entry["logprob"])) for entry in content[0]["top_logprobs"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError("the server sent malformed log probabilities") from exc
 
 
 def error_text(body: bytes | dict[str, Any] | str) -> str:
