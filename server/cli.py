@@ -174,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     p_fuzz.add_argument("--messages", type=int, default=10_000, help="hostile messages sent")
     p_fuzz.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: a fixed sequence)")
 
+    p_watch = bench_sub.add_parser("watch", help="watches on the colours model: check cost, decision latency, hits")
+    p_watch.add_argument("--model", default=None, help="a colours model (default: one trained first, minutes)")
+    p_watch.add_argument("--sessions", type=int, default=4)
+    p_watch.add_argument("--watches", type=int, default=2, help="watches per session (red, blue, green, ...)")
+    p_watch.add_argument("--seconds", type=float, default=20.0, help="how long each phase streams")
+    p_watch.add_argument("--rounds", type=int, default=2, help="phases without and with watches, alternating")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -218,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
             from server.bench.storm import run_storm
 
             print(run_storm(args.model, args.sessions, args.rounds))
+        elif args.bench == "watch":
+            from server.bench.watch import run_watch
+
+            print(run_watch(args.model, args.sessions, args.watches, args.seconds, args.rounds))
         elif args.bench == "voice":
             from server.bench.voice import run_voice
 
