@@ -42,8 +42,10 @@ from handlers.wire.protocol import (
 
 #: The condition of a ``narrate`` watch that names none.
 NARRATE_CONDITION = "Has something changed in the scene since the last description that is worth saying?"
-#: What a check asks after the condition.
-CHECK_SUFFIX = " Answer yes or no."
+#: What a check asks after the condition: nothing. The condition is a yes/no question as the
+#: user wrote it; an added "Answer yes or no." moved a model trained on plain questions off
+#: its answers, and instruction-tuned models answer a plain yes/no question with yes or no.
+CHECK_SUFFIX = ""
 #: What a fired alert is asked when its watch names no instructions.
 ALERT_INSTRUCTIONS = "In one short sentence, say what you see now that made this true: {condition}"
 NARRATE_INSTRUCTIONS = "In one short sentence, describe what changed."

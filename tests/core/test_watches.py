@@ -126,6 +126,7 @@ def test_update_keeps_the_state_unless_the_condition_changes() -> None:
     assert book.get("w1").armed
 
 
-def test_check_question_asks_for_yes_or_no() -> None:
-    """The check's question is the condition and a request for yes or no."""
-    assert check_question(WatchSpec(condition="Is the screen red?")) == "Is the screen red? Answer yes or no."
+def test_check_question_is_the_condition_as_written() -> None:
+    """The check's question is the condition, stripped; narrate's default when it has none."""
+    assert check_question(WatchSpec(condition="  Is the screen red? ")) == "Is the screen red?"
+    assert check_question(WatchSpec(kind="narrate")).startswith("Has something changed")
