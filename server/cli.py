@@ -105,11 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     p_serve = sub.add_parser("serve", help="start the server")
     _add_setting_flags(p_serve)
 
-    p_tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight image-text model")
+    p_tiny = sub.add_parser(
+        "make-tiny-model", help="write a tiny image-text model: random weights, or trained here to see colours"
+    )
     p_tiny.add_argument("dir", type=Path)
     p_tiny.add_argument("--family", choices=["qwen2_5_vl", "idefics3"], default="qwen2_5_vl")
-    p_tiny.add_argument("--init-std", type=float, default=None, help="weight init std (0.3 makes a sharp model)")
-    p_tiny.add_argument("--seed", type=int, default=0)
+    p_tiny.add_argument(
+        "--task", choices=["random", "colours"], default="random",
+        help="random: random weights, answers are noise (seconds); colours: trained on this machine (2-3 min) "
+        "to answer 'Is the screen red?' with yes/no and 'What colour is the screen?' with red, green, blue, "
+        "yellow, white, black or grey, about the newest frame (accuracy and answer token ids in the model's "
+        "livesight_demo.json)",
+    )
+    p_tiny.add_argument(
+        "--init-std", type=float, default=None, help="weight init std (0.3 makes a sharp model; --task random only)"
+    )
+    p_tiny.add_argument("--seed", type=int, default=0, help="the same seed writes the same model")
 
     p_bench = sub.add_parser("bench", help="benchmarks that print numbers and ratios")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
@@ -189,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         return stream(args)
     if args.command == "serve":
         serve(_settings(args))
+    elif args.command == "make-tiny-model" and args.task == "colours":
+        from server.models.colours import make_colours_model
+
+        if args.init_std is not None:
+            parser.error("--init-std is for --task random")
+        path = make_colours_model(args.dir, family=args.family, seed=args.seed)
+        print(f"wrote a {args.family} model that tells colours to {path}")
     elif args.command == "make-tiny-model":
         from server.models.tiny import make_tiny_model
 

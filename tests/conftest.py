@@ -66,6 +66,7 @@ TIERS: dict[str, str] = {
     "engines/test_engine_check_vllm.py": "heavy",  # vLLM in process and behind its OpenAI server
     "engines/test_vllm_cpu_defaults.py": "heavy",
     "models": "socket",
+    "models/test_colours.py": "heavy",  # trains the colours model of each family (minutes)
     "speech": "socket",
     "speech/test_speech.py": "core",
     "speech/test_voice_recognisers.py": "heavy",  # recogniser processes killed and replaced

@@ -1,0 +1,184 @@
+"""A tiny image-text model trained here to see one thing: the colour of the screen.
+
+``make_colours_model`` builds a tiny model of either family (``tiny.build_tiny_model``, with
+small images: a frame is a few image tokens) and trains it on this machine, in a few
+minutes on two cores, on generated camera frames (``colour_frames``) to answer
+
+- "Is the screen red?" with ``yes`` or ``no``, as one token, so P(yes) can be read from the
+  first answer token's distribution with no decoding;
+- "What colour is the screen?" (and paraphrases) with the colour's name, as one token,
+
+about the newest frame of the prompt, for ``COLOURS``. The training prompts are the
+server's: rendered by the session's own renderer (``handlers.core.prompt``) with a system
+prompt, earlier turns, one to four timestamped frames, and encoded by the engine's own
+``PromptEncoder`` with the processor the model ships, so training sees exactly the tokens,
+positions and pixels inference sees. How it is trained: ``colour_training``.
+
+The answer tokens, the accuracy on held-out frames and how the model was trained go into
+``livesight_demo.json`` (``task: "colours"``); ``read_colours_card`` reads them back.
+Training is deterministic given the seed (on one machine: the thread count is fixed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from server.engines.hf_loading import load_processor, model_family, model_image_side
+from server.engines.prompt_encoding import PromptEncoder
+from server.models.colour_frames import COLOURS, colour_clip
+from server.models.colour_prompts import ColourExample, answer_text, example_sentences, make_examples
+from server.models.colour_training import BATCH, ColourTrainer
+from server.models.tiny import DEMO_MARKER, TinyShape, build_tiny_model, save_tiny_model, write_marker
+
+TASK = "colours"
+
+# Small images: a Qwen frame is at most 3x4 image tokens (28 px each), an Idefics3 frame is
+# one 64 px image in 8 px patches, pixel-shuffled to 4x4 tokens. Colour needs no more.
+COLOURS_SHAPE = TinyShape(vocab=900, qwen_min_tokens=4, qwen_max_tokens=12, idefics3_image=64)
+
+# One thread: on two cores shared with other work, two threads made a training step 5-12 times
+# slower (each tiny operation waits for the busier core), and a fixed count keeps it deterministic.
+TRAIN_THREADS = 1
+TRAIN_CLIPS = 320  # clips of CLIP_FRAMES frames the training prompts are drawn from
+CHECK_CLIPS = 40
+HELD_OUT_CLIPS = 100
+HELD_OUT_EXAMPLES = 600
+CLIP_FRAMES = 4
+
+
+@dataclass(frozen=True)
+class ColoursCard:
+    """What ``livesight_demo.json`` says of a colours model: the single token each answer is
+    (``yes``, ``no``, every colour's name) and its accuracy on held-out frames
+    (``yes_no``, ``naming``)."""
+
+    family: str
+    yes_token_id: int
+    no_token_id: int
+    colour_token_ids: dict[str, int]
+    accuracy: dict[str, float]
+
+
+def read_colours_card(model_dir: Path) -> ColoursCard | None:
+    """The colours card of a generated model directory, or None for any other model.
+
+    Raises ``ValueError`` when the directory claims the colours task but its card is broken.
+    """
+    path = Path(model_dir) / DEMO_MARKER
+    if not path.is_file():
+        return None
+    marker = json.loads(path.read_text(encoding="utf-8"))
+    if marker.get("task") != TASK:
+        return None
+    try:
+        tokens = marker["answer_token_ids"]
+        return ColoursCard(
+            family=marker["family"], yes_token_id=int(tokens["yes"]), no_token_id=int(tokens["no"]),
+            colour_token_ids={c: int(tokens[c]) for c in marker["colours"]}, accuracy=dict(marker["accuracy"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"broken colours card in {path}: {exc!r}") from exc
+
+
+def make_colours_model(
+    out_dir: Path, family: str = "qwen2_5_vl", seed: int = 0, progress: Callable[[str], None] | None = None
+) -> Path:
+    """Write a tiny model of ``family`` trained to tell the screen's colour into ``out_dir``.
+
+    ``progress`` gets a line now and then while it trains (default: stderr). Returns the
+    directory. Raises ``ValueError`` for an unknown family.
+    """
+    say = progress or _stderr
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TRAIN_THREADS)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            result = _make(Path(out_dir), family, seed, say, started)
+    finally:
+        torch.set_num_threads(threads)
+    return result
+
+
+def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], started: float) -> Path:
+    model, tokenizer = build_tiny_model(family, COLOURS_SHAPE, seed=seed, extra_sentences=example_sentences(seed))
+    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
+    processor = load_processor(str(out_dir))  # exactly what the engine will load
+    answers = _answer_ids(processor.tokenizer, family)
+    encoder = PromptEncoder(processor, model_family(model.config), max_cached_images=4096)
+    side = model_image_side(processor.image_processor, 1024)
+    rng = np.random.default_rng(seed)
+    say(f"livesight: training the colours model ({family}): drawing frames...")
+    train = _clips(rng, TRAIN_CLIPS, side)
+    check = make_examples(rng, _clips(rng, CHECK_CLIPS, side), family, 160)
+    held_rng = np.random.default_rng([seed, 1])  # frames and prompts training never sees
+    held_out = make_examples(held_rng, _clips(held_rng, HELD_OUT_CLIPS, side), family, HELD_OUT_EXAMPLES)
+    trainer = ColourTrainer(model, encoder, answers, tokenizer.eos_token_id)
+    steps = trainer.train(rng, train, family, check, say, started)
+    accuracy = trainer.accuracy(held_out)
+    seconds = time.perf_counter() - started
+    say(
+        f"livesight: colours model ({family}) trained in {seconds:.0f} s ({steps} steps): "
+        f"held-out yes/no accuracy {accuracy['yes_no']:.3f}, naming accuracy {accuracy['naming']:.3f}"
+    )
+    model.eval()
+    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
+    write_marker(out_dir, {
+        "random_weights": False,
+        "task": TASK,
+        "family": family,
+        "seed": seed,
+        "colours": list(COLOURS),
+        "answer_token_ids": answers,
+        "answer_texts": {word: answer_text(word, family) for word in answers},
+        "image_tokens_per_frame": _image_tokens(encoder, held_out),
+        "accuracy": accuracy,
+        "training": {"steps": steps, "batch": BATCH, "seconds": round(seconds, 1), "threads": TRAIN_THREADS},
+        "note": (
+            "Tiny model generated and trained by livesight for demos and tests: it answers yes/no to "
+            "'Is the screen <colour>?' (read P(yes) from answer_token_ids) and names the screen's colour "
+            "(What colour is the screen?) for the newest frame; anything else gets noise."
+        ),
+    })
+    return out_dir
+
+
+def _clips(rng: np.random.Generator, count: int, side: int) -> list[list]:
+    """``count`` clips of ``CLIP_FRAMES`` frames; each frame's colour is the next one's or another."""
+    clips = []
+    for index in range(count):
+        colours = [COLOURS[index % len(COLOURS)]]
+        for _ in range(CLIP_FRAMES - 1):
+            colours.insert(0, colours[0] if rng.random() < 0.4 else COLOURS[int(rng.integers(len(COLOURS)))])
+        clips.append(colour_clip(rng, colours, side))
+    return clips
+
+
+def _answer_ids(tokenizer, family: str) -> dict[str, int]:
+    """Every answer word's token id; raises ``RuntimeError`` if one is not a single token."""
+    ids = {}
+    for word in ("yes", "no", *COLOURS):
+        tokens = tokenizer(answer_text(word, family), add_special_tokens=False)["input_ids"]
+        if len(tokens) != 1:
+            raise RuntimeError(f"answer {word!r} is {len(tokens)} tokens, not one")
+        ids[word] = int(tokens[0])
+    return ids
+
+
+def _image_tokens(encoder: PromptEncoder, examples: list[ColourExample]) -> dict[str, int]:
+    """Image tokens of one frame: the fewest and the most among ``examples``' frames."""
+    counts = [encoder.image_tokens([p]) for ex in examples[:50] for p in encoder.encode(ex.prompt) if p.image_key]
+    return {"min": min(counts), "max": max(counts)}
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
