@@ -29,6 +29,9 @@ NAMING_QUESTIONS = (
     "Which colour do you see?", "Which color do you see?", "What colour is the picture?",
     "What is the colour of the screen?", "What colour is the screen now?", "What color do you see?",
 )
+#: What a question may end with (as a client's template might add).
+YES_NO_ENDINGS = (" Answer yes or no.", " Yes or no?", " Answer in one word.")
+NAMING_ENDINGS = (" Answer in one word.", " One word.")
 SYNONYMS = {"grey": ("grey", "gray")}  # words a question may use for a colour
 COLOUR_OF = {word: colour for colour, words in SYNONYMS.items() for word in words}
 
@@ -159,6 +162,9 @@ def _question(rng: np.random.Generator, kind: str, colour: str) -> tuple[str, st
         question, answer = template.format(c=word), kind
     if rng.random() < 0.15:
         question = question[0].lower() + question[1:]
+    if rng.random() < 0.15:
+        endings = NAMING_ENDINGS if kind == "naming" else YES_NO_ENDINGS
+        question += endings[int(rng.integers(len(endings)))]
     return question, answer, word
 
 
