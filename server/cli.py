@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.init_std is not None:
             parser.error("--init-std is for --task random")
         path = make_colours_model(args.dir, family=args.family, seed=args.seed)
-        print(f"wrote a {args.family} model that tells colours to {path}")
+        print(f"wrote a {args.family} colours model to {path}")
     elif args.command == "make-tiny-model":
         from server.models.tiny import make_tiny_model
 
