@@ -198,6 +198,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                     "held_bytes": pixel_pool.POOL.held_bytes,
                 },
                 "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
+                "watches": dict(metrics.watch_totals),
                 "engine": app.state.engine.stats(),
             }
         )

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="benchmarks that print numbers and ratios")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
     p_ttft = bench_sub.add_parser("ttft", help="time to first output, warm prefix on vs off")
-    p_ttft.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_ttft.add_argument("--model", default=None, help="model path or id (default: the tiny random-weight model)")
     p_ttft.add_argument("--frames", default="1,8,32,64", help="comma-separated frame counts")
     p_ttft.add_argument("--queries", type=int, default=3, help="queries per measurement (median is shown)")
     p_ttft.add_argument(
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p_storm.add_argument("--rounds", type=int, default=3)
 
     p_voice = bench_sub.add_parser("voice", help="sentence-to-speech latency, speech real-time factor, VAD, barge-in")
-    p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_voice.add_argument("--model", default=None, help="model path or id (default: the tiny random-weight model)")
     p_voice.add_argument("--answers", type=int, default=5, help="spoken answers timed")
     p_voice.add_argument("--max-tokens", type=int, default=200, help="length of each timed answer")
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p_engine.add_argument("--modes", default="before,after", help="before (every image's data), after (uuid refs)")
     p_engine.add_argument("--max-warmups-per-s", type=float, default=2.0)
     p_fuzz = bench_sub.add_parser("fuzz", help="hostile messages through the real server, each answer checked")
-    p_fuzz.add_argument("--model", default=None, help="model path or id (default: the tiny demo model)")
+    p_fuzz.add_argument("--model", default=None, help="model path or id (default: the tiny random-weight model)")
     p_fuzz.add_argument("--messages", type=int, default=10_000, help="hostile messages sent")
     p_fuzz.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: a fixed sequence)")
 

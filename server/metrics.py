@@ -28,6 +28,7 @@ from handlers.wire.protocol import (
     ResponseDone,
     ServerEvent,
     VideoQuery,
+    WatchFired,
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -75,6 +76,15 @@ class Metrics:
             "livesight_control_refused", "Control messages refused: their session was over its control budget",
             registry=r,
         )
+        self.watch_checks = Counter("livesight_watch_checks", "Watch checks run on a warm prefix", registry=r)
+        self.watch_skipped = Counter(
+            "livesight_watch_checks_skipped",
+            "Accepted frames of sessions with watches that no check looked at (the model was busy, or too soon)",
+            registry=r,
+        )
+        self.watch_fires = Counter("livesight_watch_fires", "Watches fired (watch.fired sent)", registry=r)
+        #: The same three counts, for /metrics.json.
+        self.watch_totals = {"checks": 0, "skipped": 0, "fires": 0}
         self.prompt_tokens = Counter("livesight_prompt_tokens", "Prompt tokens of answers (usage)", registry=r)
         self.cached_tokens = Counter(
             "livesight_cached_tokens", "Prompt tokens served from the engine's cache (usage)", registry=r
@@ -161,6 +171,9 @@ class SessionMetrics(SessionObserver):
             self.m.completion_tokens.inc(event.usage.completion_tokens)
         elif isinstance(event, ResponseAudioDelta):
             self.m.audio_out.inc(wav_seconds(event.data))
+        elif isinstance(event, WatchFired):
+            self.m.watch_fires.inc()
+            self.m.watch_totals["fires"] += 1
         elif isinstance(event, ErrorEvent):
             self.m.errors.labels(event.code).inc()
             if event.code in FRAME_ERRORS:
@@ -172,6 +185,12 @@ class SessionMetrics(SessionObserver):
 
     def refused(self) -> None:
         self.m.control_refused.inc()
+
+    def checks(self, ran: int, skipped: int) -> None:
+        self.m.watch_checks.inc(ran)
+        self.m.watch_skipped.inc(skipped)
+        self.m.watch_totals["checks"] += ran
+        self.m.watch_totals["skipped"] += skipped
 
 
 def _base64_size(data: str) -> int:

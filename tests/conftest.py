@@ -31,14 +31,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # and by the read-ahead budgets (test_intake_faults), which this does not touch.
 os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
-pytest_plugins = ("tests.real_server",)
+pytest_plugins = ("tests.real_server", "tests.colours_models")
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = ("core", "session", "socket", "heavy")
 LIGHT_TIERS = frozenset({"core", "session"})
-#: The fixtures of tests/real_server.py (and tests/engines/conftest.py) that generate a model or
-#: start a server: never for a core or session test.
-REAL_SERVER_FIXTURES = frozenset({"tiny_model_dir", "server", "idefics3_model_dir"})
+#: The fixtures of tests/real_server.py, tests/colours_models.py and tests/engines/conftest.py
+#: that generate a model or start a server: never for a core or session test.
+REAL_SERVER_FIXTURES = frozenset({"tiny_model_dir", "server", "idefics3_model_dir", "colours_models"})
 _ALL_LIGHT = pytest.StashKey[bool]()
 
 #: Each test's tier: the entry for its file, else for the nearest folder above it.
@@ -58,6 +58,7 @@ TIERS: dict[str, str] = {
     "server/test_intake_faults.py": "heavy",  # floods, 64 sessions, rounds of RSS
     "server/test_fresh_boot.py": "heavy",  # unshare and a pytest child
     "server/test_fairness.py": "heavy",  # busy cores, floods
+    "server/test_watch_colours.py": "heavy",  # the trained colours model on three engines, vLLM
     "engines": "socket",
     "engines/test_model_thread.py": "core",
     "engines/test_detokenizer.py": "core",
@@ -67,6 +68,7 @@ TIERS: dict[str, str] = {
     "engines/test_vllm_cpu_defaults.py": "heavy",
     "models": "socket",
     "models/test_colours.py": "heavy",  # trains the colours model of each family (minutes)
+    "models/test_demo_model.py": "heavy",  # `livesight serve` on the trained demo model
     "speech": "socket",
     "speech/test_speech.py": "core",
     "speech/test_voice_recognisers.py": "heavy",  # recogniser processes killed and replaced

@@ -191,13 +191,16 @@ class MemoryTransport:
         self._to_server.close()
 
 
-async def run_session(engine: Engine, limits: Any, body: Any, **config: Any) -> tuple[Any, MemoryTransport]:
-    """Run one session of the adapter over a ``MemoryTransport`` with ``config``: once it is
-    ready, ``await body(transport, session)``, then hang up. Returns the session and transport."""
+async def run_session(
+    engine: Engine, limits: Any, body: Any, observer: Any = None, **config: Any
+) -> tuple[Any, MemoryTransport]:
+    """Run one session of the adapter over a ``MemoryTransport`` with ``config`` (and
+    ``observer``): once it is ready, ``await body(transport, session)``, then hang up. Returns
+    the session and transport."""
     from handlers.session.adapter import Session
 
     transport = MemoryTransport()
-    session = Session(transport, engine, limits, config_timeout_s=5)
+    session = Session(transport, engine, limits, config_timeout_s=5, observer=observer)
     async with anyio.create_task_group() as tg:
         tg.start_soon(session.run)
         await transport.put(type="session.config", **config)

@@ -281,6 +281,7 @@ class SessionCore:
         self._speech_items = itertools.count(1)
         self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
         self._unchecked = False  # an accepted frame no round of checks has looked at
+        self._skipped = 0  # accepted frames no check looked at since the last round told of them
         self._last_check_s: float | None = None
 
     # ------------------------------------------------------------------ phase
@@ -936,7 +937,7 @@ class SessionCore:
         """An accepted frame: the watches have something new to look at."""
         if len(self.watches):
             if self._unchecked:
-                self.watches.skipped += 1  # the previous new frame got no check of its own
+                self._skipped += 1  # the previous new frame got no check of its own
             self._unchecked = True
 
     def check_due(self, now_s: float) -> float | None:
@@ -967,9 +968,13 @@ class SessionCore:
         self.buffer.unpin(step.frames)
         if results is None:
             self._unchecked = True  # stopped by a question: the frame is checked again later
-            return Decisions()
-        decision_ms = None if step.frame is None else now_ms - step.frame.receive_ts_ms
-        return self.watches.record(results, step.frame, now_s, decision_ms)
+            decisions = Decisions()
+        else:
+            decision_ms = None if step.frame is None else now_ms - step.frame.receive_ts_ms
+            decisions = self.watches.record(results, step.frame, now_s, decision_ms)
+            decisions.checks = len(results)
+        decisions.skipped, self._skipped = self._skipped, 0
+        return decisions
 
     def plan_watch(self, fire: Fire) -> QueryPlan:
         """The answer to a fired watch: over the buffered frames, asked its watch's question,

@@ -101,6 +101,8 @@ class Decisions:
 
     events: list[Any] = field(default_factory=list)
     fires: list[Fire] = field(default_factory=list)
+    checks: int = 0  # checks that ran to the end in this round
+    skipped: int = 0  # accepted frames no check looked at, since the round before
 
 
 class WatchBook:
@@ -112,7 +114,6 @@ class WatchBook:
         self._watches: dict[str, Watch] = {}
         self._ids = itertools.count(1)
         self.checks = 0
-        self.skipped = 0  # accepted frames no check looked at (the model was busy, or too soon)
         self.fires = 0
 
     def __len__(self) -> int:

@@ -840,6 +840,7 @@ class Session:
             preempted = self.turns.state is not TurnState.WARMING  # a question came meanwhile
             self.turns.warmed()
         decisions = self.core.checked(step, None if preempted else results, time.monotonic(), now_ms())
+        self.observer.checks(decisions.checks, decisions.skipped)
         fires = decisions.fires
         if fires and (self.turns.state is not TurnState.IDLE or self.turn is not None):
             fires = []  # a question came first: the watch is checked again after its answer

@@ -38,6 +38,10 @@ class SessionObserver:
     def refused(self) -> None:
         """A control message was refused: the session was over its control budget."""
 
+    def checks(self, ran: int, skipped: int) -> None:
+        """A round of watch checks ended: ``ran`` checks ran to the end, and ``skipped``
+        accepted frames since the round before got no check (the model was busy, or too soon)."""
+
 
 class Observers(SessionObserver):
     """Several observers as one, called in order."""
@@ -68,3 +72,7 @@ class Observers(SessionObserver):
     def refused(self) -> None:
         for observer in self.observers:
             observer.refused()
+
+    def checks(self, ran: int, skipped: int) -> None:
+        for observer in self.observers:
+            observer.checks(ran, skipped)

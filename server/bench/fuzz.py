@@ -41,6 +41,7 @@ from PIL import Image
 
 from handlers.wire.protocol import AnyServerEvent, ErrorEvent, FrameAck
 from server.bench.footage import bench_frame
+from server.bench.served import bench_model
 from server.client.connection import Connection, Match
 
 # Codes a message of each kind may get (``closes_session`` must always be false after config).
@@ -549,11 +550,11 @@ def run_fuzz(model: str | None, examples: int, seed: int | None) -> str:
     from server.settings import Settings
 
     logging.getLogger("livesight").setLevel(logging.ERROR)
-    with run_server(Settings(model=model, **UNLIMITED_CONTROL)) as running:
+    with run_server(Settings(model=bench_model(model), **UNLIMITED_CONTROL)) as running:
         stats = fuzz(running.ws_url, examples, seed)
         watches = watch_storm(running.ws_url, examples, seed)
         metrics = wait_for_clean_metrics(running.http_url)
-    with run_server(Settings(model=model)) as running:
+    with run_server(Settings(model=bench_model(model))) as running:
         floods = control_floods(running.ws_url, seed=seed)
         flood_metrics = wait_for_clean_metrics(running.http_url)
     codes = ", ".join(f"{k} {v}" for k, v in sorted(stats.errors.items()))

@@ -9,10 +9,20 @@ import time
 import httpx
 
 
+def bench_model(model: str | None) -> str:
+    """The model a benchmark serves: ``model`` when one is given, else the tiny random-weight
+    model (generated once), whose frames have a real model's shapes (the demo model's frames
+    are a few tokens each)."""
+    from server.models.demo import resolve_random_model
+    from server.settings import Settings
+
+    return model or resolve_random_model(Settings())
+
+
 def serve_args(model: str | None, *flags: str) -> list[str]:
     """``livesight serve`` flags for a benchmark: warnings only, ``flags``, and ``--model``
-    when one is given (else the server's default, the tiny demo model)."""
-    return ["--log-level", "warning", *flags, *(["--model", model] if model else [])]
+    (``bench_model``)."""
+    return ["--log-level", "warning", *flags, "--model", bench_model(model)]
 
 
 async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 600) -> None:

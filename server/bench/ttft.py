@@ -1,6 +1,6 @@
 """``livesight bench ttft``: time to first output with and without a warm prefix.
 
-Starts the real server (tiny demo model unless ``--model`` is given), and for each frame
+Starts the real server (tiny random-weight model unless ``--model`` is given), and for each frame
 count N opens a session, buffers N distinct frames, waits until the server is idle (decodes
 and warmup done), then times a few queries. Both modes use the same N frames in the prompt,
 so the only difference is whether the prefix was prefilled while the camera was watching.
@@ -17,7 +17,7 @@ import httpx
 from handlers.wire.protocol import UsageInfo
 from server.background import RunningServer, run_server
 from server.bench.footage import bench_frame
-from server.bench.served import wait_idle
+from server.bench.served import bench_model, wait_idle
 from server.client.connection import Connection
 from server.settings import Settings
 
@@ -88,7 +88,7 @@ async def _run_all(server: RunningServer, counts: list[int], queries: int) -> li
 
 def run_ttft(model: str | None, counts: list[int], queries: int) -> str:
     """Start a server, measure every frame count in both modes; returns the table."""
-    settings = Settings(model=model, port=0, max_queue=max(counts) + 16)
+    settings = Settings(model=bench_model(model), port=0, max_queue=max(counts) + 16)
     with run_server(settings) as server:
         asyncio.run(measure(server, 2, True, 1))  # warm the model itself (first-call costs)
         samples = asyncio.run(_run_all(server, counts, queries))

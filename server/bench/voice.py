@@ -33,6 +33,7 @@ from handlers.wire.protocol import (
     SessionReady,
 )
 from server.bench.footage import bench_frame
+from server.bench.served import bench_model
 from server.bench.spoken import espeak, speak_clip
 from server.client.connection import Connection, Match, Received, matcher
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE
@@ -302,13 +303,13 @@ async def barge_in(url: str, max_tokens: int = 1024) -> BargeIn:
 
 
 def run_voice(model: str | None, answers: int, max_tokens: int) -> str:
-    """Start a server on ``model`` (default: the tiny demo model), measure; returns the report."""
+    """Start a server on ``model`` (default: the tiny random-weight model), measure; returns the report."""
     from server.background import run_server
     from server.settings import Settings
 
     rtf, per_sentence = speech_rtf()
     stage = asyncio.run(stage_latencies())
-    settings = Settings(model=model, port=0)
+    settings = Settings(model=bench_model(model), port=0)
     with run_server(settings) as server:
         url, chars = server.ws_url, settings.speech_max_sentence_chars
         asyncio.run(sentence_latencies(url, 1, 16, chars))  # first-call costs
@@ -322,7 +323,7 @@ def run_voice(model: str | None, answers: int, max_tokens: int) -> str:
     )
     if latencies:
         lines.append(
-            f"  through the server ({model or 'tiny demo model'}), first sentence -> first audio delta at the "
+            f"  through the server ({model or 'tiny random-weight model'}), first sentence -> first audio delta at the "
             f"client: median {statistics.median(latencies):.1f} ms, max {max(latencies):.1f} ms over "
             f"{len(latencies)} answers (target 50 ms)"
         )

@@ -1,8 +1,8 @@
 """``livesight bench watch``: what watches cost, and how well they fire, on the colours model.
 
 The server runs in its own process (``livesight serve``) on a model that knows colours:
-``--model``, else the colours model (``server.models.colours``) trained into a temporary
-folder first (minutes; timed apart, not part of the run). Every session streams one scripted
+``--model``, else the demo model (the colours model, ``server.models.colours``, trained into
+the cache the first time: minutes, timed apart, not part of the run). Every session streams one scripted
 clip at 2 fps: a camera looking at a screen (``server.models.colour_frames``: texture, noise
 and small moving objects, so the similarity filter keeps the frames) whose colour changes
 every ``SCENE_FRAMES`` frames, grey between colours: grey, red, grey, blue, grey, green, grey,
@@ -24,8 +24,8 @@ Printed: check vs question (1); frame ack p50/p99 and question TTFT with and wit
 and their ratios; watch.check ms under load; decision latency (the event frame's receipt at
 the server -> ``watch.fired`` at the client, and the server's ``decision_ms``) p50/p95; hits,
 misses and false fires against the script; checks skipped (accepted frames no check looked
-at, as the client sees them from ``watch.check``; the server's count when ``/metrics.json``
-has one, else n/a).
+at, as the client sees them from ``watch.check``, and the server's counts from
+``/metrics.json``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import base64
 import json
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -412,9 +411,9 @@ def _merged(tallies: list[Tally]) -> Tally:
 
 
 def skipped_metric(metrics: dict) -> str:
-    """The server's count of checks skipped from ``/metrics.json``, or n/a when it has none."""
-    keys = [k for k in metrics if "skip" in k and ("watch" in k or "check" in k)]
-    return ", ".join(f"{k} {metrics[k]}" for k in keys) if keys else "n/a (/metrics.json has no such count)"
+    """The server's own counts of watch checks run and skipped, from ``/metrics.json``."""
+    watches = metrics.get("watches", {})
+    return f"{watches.get('skipped', 'n/a')} skipped, {watches.get('checks', 'n/a')} run, {watches.get('fires', 'n/a')} fires"
 
 
 def render(costs: list[Cost], tokens_per_check: int | None, base: list[Tally], watched: list[Tally],
@@ -463,17 +462,19 @@ def render(costs: list[Cost], tokens_per_check: int | None, base: list[Tally], w
 
 @contextmanager
 def colours_model(model: str | None) -> Iterator[tuple[str, float | None]]:
-    """``model``, or the colours model trained into a temporary folder; yields the path and
-    the seconds training took (None for ``model``)."""
+    """``model``, or the demo model (the colours model, trained into the cache the first time);
+    yields the path and the seconds training took (None when nothing was trained)."""
     if model:
         yield model, None
         return
-    from server.models.colours import make_colours_model
+    from server.models.demo import demo_model_dir, resolve_model
+    from server.settings import Settings
 
-    with tempfile.TemporaryDirectory(prefix="livesight-colours-") as folder:
-        started = time.perf_counter()
-        path = make_colours_model(Path(folder) / "colours")
-        yield str(path), time.perf_counter() - started
+    settings = Settings()
+    trained = not demo_model_dir(settings).is_dir()
+    started = time.perf_counter()
+    path = resolve_model(settings)
+    yield path, (time.perf_counter() - started) if trained else None
 
 
 def run_watch(model: str | None, sessions: int, watches: int, seconds: float, rounds: int = 2) -> str:

@@ -1,8 +1,8 @@
 """The colours model, trained here, sees: through the real transformers engine it names the
 newest frame's colour and says yes exactly to that colour, on frames it never saw.
 
-The model of each family is trained once for the module (``make_colours_model``, 1.5-3 minutes
-on two cores). Held-out frames are drawn from seeds training never used, at camera sizes from
+The model of each family is trained once per run (tests/colours_models.py, 1.5-3 minutes on
+two cores). Held-out frames are drawn from seeds training never used, at camera sizes from
 160x120 to 1280x720 and portrait, and reach the engine as the server keeps them: the client's
 JPEG, decoded by the engine at the side the engine asks for. Prompts come from the session's
 renderer (``handlers.core.prompt``): the default system prompt, timestamped frames (other
@@ -27,8 +27,9 @@ from server.engines.base import Prompt, Sampling, TextDelta
 from server.engines.transformers_engine import TransformersEngine
 from server.engines.yes_no import answer_token_ids
 from server.models.colour_frames import COLOURS, ColourFrame, ColourScene
-from server.models.colours import make_colours_model, read_colours_card
+from server.models.colours import read_colours_card
 from server.models.tiny import DEMO_MARKER, FAMILIES
+from tests.colours_models import ColoursModels
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
 
@@ -56,14 +57,12 @@ class Rig:
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-async def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
-    """The colours model of each family, trained once, behind the real transformers engine."""
-    started = time.perf_counter()
-    path = make_colours_model(tmp_path_factory.mktemp(f"colours-{request.param}"), request.param, progress=print)
-    train_s = time.perf_counter() - started
-    engine = TransformersEngine(str(path))
+async def rig(request: pytest.FixtureRequest, colours_models: ColoursModels) -> AsyncIterator[Rig]:
+    """The colours model of each family (trained once per run) behind the real transformers engine."""
+    trained = colours_models.get(request.param)
+    engine = TransformersEngine(str(trained.path))
     await engine.start()
-    yield Rig(request.param, path, engine, train_s)
+    yield Rig(request.param, trained.path, engine, trained.train_s)
     await engine.close()
 
 

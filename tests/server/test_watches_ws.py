@@ -4,6 +4,7 @@ check runs on the warm prefix, a fire is answered with its trigger, the follow-u
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from server.background import RunningServer
@@ -16,7 +17,8 @@ async def test_a_watch_that_always_holds_fires_once_and_its_follow_up_is_warm(se
     """A watch at threshold 0 (true at any probability): the first check fires it, watch.fired
     names the frame and comes before its answer, whose response.start and response.done carry
     the trigger; a second frame fires nothing (it waits to be cleared); the question after it
-    is served from the warm prefix (most of its prompt cached)."""
+    is served from the warm prefix (most of its prompt cached); /metrics.json and /metrics
+    count the checks and the fire."""
     watch = {"watch_id": "any", "condition": "Is there a picture?", "threshold": 0.0, "clear_threshold": 0.0,
              "report_checks": True}
     client, ready = await connect(server, sampling={"max_tokens": 4}, watches=[watch])
@@ -40,5 +42,10 @@ async def test_a_watch_that_always_holds_fires_once_and_its_follow_up_is_warm(se
         done = follow_up[-1]
         assert done["trigger"] is None and not [e for e in follow_up if e["type"] == "watch.fired"]
         assert done["usage"]["cached_tokens"] >= 0.9 * done["usage"]["prompt_tokens"], done["usage"]
+        async with httpx.AsyncClient(base_url=server.http_url) as http:
+            counts = (await http.get("/metrics.json")).json()["watches"]
+            prometheus = (await http.get("/metrics")).text
+        assert counts["checks"] >= 2 and counts["fires"] >= 1 and counts["skipped"] >= 0, counts
+        assert "livesight_watch_fires_total" in prometheus and "livesight_watch_checks_skipped_total" in prometheus
     finally:
         await client.ws.close()

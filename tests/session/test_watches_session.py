@@ -4,11 +4,14 @@ never enter the timeline."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 import pytest
 
 from handlers.core.session_core import Limits
 from handlers.session.adapter import Session
+from handlers.session.observer import SessionObserver
 from tests.protocol_client import b64, jpeg_frame
 from tests.scripted import MemoryTransport, ScriptedEngine, run_session
 from handlers.media.preparation import content_key
@@ -28,8 +31,9 @@ def red_engine(**fields) -> ScriptedEngine:
     return ScriptedEngine(yes=lambda key, question: 0.95 if key in RED_KEYS else 0.05, **fields)
 
 
-async def run(engine: ScriptedEngine, body, **config) -> tuple[Session, MemoryTransport]:
-    return await run_session(engine, LIMITS, body, **config)
+async def run(engine: ScriptedEngine, body, limits: Limits = LIMITS, observer: SessionObserver | None = None,
+              **config) -> tuple[Session, MemoryTransport]:
+    return await run_session(engine, limits, body, observer, **config)
 
 
 async def settle(session: Session) -> None:
@@ -170,3 +174,39 @@ async def test_an_engine_without_probabilities_never_checks() -> None:
 
     await run(engine, body, watches=[RED_WATCH])
     assert not engine.checks
+
+
+class CheckCounts(SessionObserver):
+    """Records what the session tells its observer of its checks."""
+
+    def __init__(self) -> None:
+        self.ran = self.skipped = 0
+
+    def checks(self, ran: int, skipped: int) -> None:
+        self.ran += ran
+        self.skipped += skipped
+
+
+async def test_frames_no_check_looked_at_are_counted_never_queued() -> None:
+    """Frames faster than ``min_check_interval_ms``: a round checks only the newest frame and
+    the ones it passed over are told to the observer as skipped (the metrics' count); every
+    check that ran is counted."""
+    counts = CheckCounts()
+    limits = replace(LIMITS, min_check_interval_ms=400)
+    checked: list[dict] = []
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await t.put(type="video.frame", data=b64(jpeg_frame(GREY[0])), frame_id=0)
+        with anyio.fail_after(10):
+            while counts.ran < 1:
+                await anyio.sleep(0.005)
+        for i in (1, 2, 3):  # within the interval: only frame 3 is checked next
+            await t.put(type="video.frame", data=b64(jpeg_frame(GREY[i])), frame_id=i)
+        with anyio.fail_after(10):
+            while counts.ran < 2:
+                await anyio.sleep(0.005)
+        checked.extend(e for e in await t.drain() if e["type"] == "watch.check")
+
+    await run(red_engine(), body, limits, counts, watches=[{**RED_WATCH, "report_checks": True}])
+    assert [e["frame_id"] for e in checked] == [0, 3]
+    assert (counts.ran, counts.skipped) == (2, 2)
