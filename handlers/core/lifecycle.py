@@ -112,9 +112,13 @@ class Answer:
 
     def __init__(
         self, request_id: str, modalities: list[str], received: float, consumed: Callable[[], FramesConsumed],
-        trigger: ResponseTrigger | None = None,
+        trigger: ResponseTrigger | None = None, item_id: str | None = None, metadata: dict[str, str] | None = None,
+        in_conversation: bool = True,
     ) -> None:
+        self.in_conversation = in_conversation
         self.request_id = request_id
+        self.item_id = item_id  # the conversation item it is (for codecs that show items)
+        self.metadata = metadata  # the client's, echoed by codecs that carry it
         self.trigger = trigger  # what started it when no question did (a watch)
         self.modalities = list(modalities)
         self.received = received
@@ -139,7 +143,8 @@ class Answer:
         """Returns ``[response.start]``. Raises ``IllegalTransition`` unless just asked."""
         self._require(AnswerPhase.ASKED, "start")
         self.phase = AnswerPhase.STARTED
-        return [ResponseStart(request_id=self.request_id, modalities=self.modalities, trigger=self.trigger)]
+        return [ResponseStart(request_id=self.request_id, modalities=self.modalities, trigger=self.trigger,
+                              item_id=self.item_id, metadata=self.metadata, in_conversation=self.in_conversation)]
 
     def withdraw(self) -> None:
         """The answer will not start (nothing of it was sent). Raises unless just asked."""

@@ -11,6 +11,7 @@ left open: that is the warm prefix, always a true prefix of the next query.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from handlers.core.frames import Frame
 from handlers.core.timeline import Exchange, TimelineTurn
@@ -57,6 +58,26 @@ def _user_turn(segments: list[Segment], audio: AudioSegment | None, question: st
     return ChatTurn("user", tuple(segments))
 
 
+def _turn_messages(turn: TimelineTurn, frames: list[Segment]) -> list[ChatTurn]:
+    """A closed turn as chat turns: a user turn with its frames and the words before the first
+    answer, then each run of messages of one role as one turn (an empty user message is left out)."""
+    messages = turn.messages
+    first = next((n for n, m in enumerate(messages) if m.role != "user"), len(messages))
+    question = "\n".join(m.text for m in messages[:first] if m.text)
+    out = []
+    if question:
+        out.append(_user_turn(frames, None, question))
+    elif frames:
+        out.append(ChatTurn("user", tuple(frames)))
+    for role, run in groupby((m for m in messages[first:] if m.text or m.role != "user"), key=lambda m: m.role):
+        text = "\n".join(m.text for m in run)
+        if out and out[-1].role == role and role == "user":
+            out[-1] = ChatTurn("user", (*out[-1].segments, TextSegment("\n" + text)))
+        else:
+            out.append(ChatTurn(role, (TextSegment(text),)))
+    return out
+
+
 def render_timeline(
     *,
     system_prompt: str | None,
@@ -77,8 +98,7 @@ def render_timeline(
         out.append(ChatTurn("user", (TextSegment(past.question),)))
         out.append(ChatTurn("assistant", (TextSegment(past.answer),)))
     for turn in turns:
-        out.append(_user_turn(_frame_segments(turn.frames, origin, timestamps), None, turn.question))
-        out.append(ChatTurn("assistant", (TextSegment(turn.answer),)))
+        out += _turn_messages(turn, _frame_segments(turn.frames, origin, timestamps))
     segments = _frame_segments(open_frames, origin, timestamps)
     if question is None:
         return Prompt(tuple(out) + (ChatTurn("user", tuple(segments)),), open_turn=True)

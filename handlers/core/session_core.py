@@ -8,7 +8,6 @@ carries out what it returns; tests can drive it directly.
 
 from __future__ import annotations
 
-import base64
 import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -23,15 +22,16 @@ from handlers.wire.commands import (
     AudioCommitted,
     ClearAudio,
     Command,
+    ClearOutputAudio,
     CommitAudio,
     ConfigUpdate,
     ConfigUpdated,
     DeleteItem,
-    InputAdded,
+    InputMessage,
     InputTranscribed,
-    ItemDeleted,
-    ItemRetrieved,
+    OutputAudioCleared,
     RetrieveItem,
+    TruncateItem,
     UserInput,
 )
 from handlers.wire.errors import ErrorCode, SessionError
@@ -40,6 +40,7 @@ from handlers.media.preparation import PreparedFrame, decode_base64
 from handlers.core.lifecycle import Answer
 from handlers.core.prompt import frame_time_s, render_timeline
 from handlers.wire.protocol import (
+    ErrorEvent,
     ConsumedFrame,
     FrameAck,
     FramesConsumed,
@@ -62,7 +63,8 @@ from handlers.wire.protocol import (
     describe_validation_error,
 )
 from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
-from handlers.core.timeline import Exchange, Timeline, interrupted_answer
+from handlers.core.items import MAX_INPUT_CHARS, Conversation, PendingInput
+from handlers.core.timeline import Exchange, Message, Timeline, TimelineTurn, heard_text, interrupted_answer
 from handlers.core.watches import WATCH_ANSWER_TOKENS, Decisions, Fire, WatchBook, check_question
 from handlers.core.watches import effective as effective_watch
 from handlers.core.turn_detection import RATE, SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
@@ -187,22 +189,20 @@ class QueryPlan:
     instructions: str | None = None  # replaces the system prompt for this answer only
     spoken: str = ""  # the question's words that were speech (transcribed): usage's audio tokens
     trigger: ResponseTrigger | None = None  # a fired watch's answer: what started it
-
-
-@dataclass
-class PendingInput:
-    """A conversation item waiting for the next answer: user text and/or 16 kHz PCM16 audio."""
-
-    item_id: str
-    text: str | None
-    pcm16: bytes = b""
-    spoken: bool = False  # the text is a transcript of speech
+    item_id: str = ""  # the conversation item the answer is
+    input_ids: list[str] = field(default_factory=list)  # the items its question is made of
+    in_conversation: bool = True  # false: its question and answer do not join the timeline
+    context: list[InputMessage] | None = None  # its own context instead of the timeline
+    metadata: dict[str, str] | None = None  # the client's, echoed
+    audio_pieces: list[tuple[float, str]] = field(default_factory=list)  # (audio ms so far, words)
+    heard_ms: int | None = None  # truncated by the client while it ran: what it played
+    deleted: bool = False  # deleted by the client while it ran: it does not join the timeline
 
 
 #: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
 FIXED_AT_START = frozenset({"model", "prefix_warmup"})
-#: Most text that pending inputs (or system items) may hold, like ``video.query``'s text.
-MAX_INPUT_CHARS = 20_000
+#: ``detail: "low"``: an image goes to the model at most this size (and half the model's at most).
+LOW_DETAIL_SIDE = 512
 
 
 def _fid(frame_id: str | int | None) -> str | None:
@@ -221,14 +221,6 @@ def _spoken(inputs: list[PendingInput]) -> str:
 def _vad(turns: TurnDetection | None) -> tuple[float, int, int] | None:
     """What the voice activity detector is built from (the rest of turn detection is policy)."""
     return None if turns is None else (turns.threshold, turns.silence_ms, turns.prefix_padding_ms)
-
-
-def _image_type(data: bytes) -> str:
-    if data.startswith(b"\x89PNG"):
-        return "image/png"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return "image/jpeg"
 
 
 def opening_config(decode: Callable[[], list[object]]) -> SessionConfig:
@@ -278,6 +270,8 @@ class SessionCore:
         self.inputs: list[PendingInput] = []  # items for the next answer (not used by v1)
         self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
         self.speech_item: str | None = None  # the item id of the speech heard now (or last)
+        self.items = Conversation(self)  # the conversation's items as a Realtime client edits them
+        self.running: QueryPlan | None = None  # the answer asked or running (until ``finish``)
         self._speech_items = itertools.count(1)
         self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
         self._unchecked = False  # an accepted frame no round of checks has looked at
@@ -388,19 +382,31 @@ class SessionCore:
 
         ``model`` and ``prefix_warmup`` keep their first values (a note says so). A smaller
         ``max_frames`` evicts at the next frame. Turning turn detection on or off starts its
-        audio afresh. Raises ``invalid_message`` when the result is not a valid config.
+        audio afresh. A change that is not valid is refused alone (``refused`` says which and
+        why); the others are applied.
         """
         current = self.config.model_dump(exclude={"type"})
         notes = [f"{name} can only be set when the session starts" for name in sorted(FIXED_AT_START & changes.keys())
                  if changes[name] != current.get(name)]
-        merged = {**current, **{k: v for k, v in changes.items() if k not in FIXED_AT_START}}
+        wanted = {k: v for k, v in changes.items() if k not in FIXED_AT_START}
+        refused: list[str] = []
         try:
-            config = SessionConfig.model_validate(merged)
-        except ValidationError as exc:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"session update: {describe_validation_error(exc)}") from None
+            config = SessionConfig.model_validate({**current, **wanted})
+        except ValidationError:
+            for name in list(wanted):
+                try:
+                    SessionConfig.model_validate({**current, name: wanted[name]})
+                except ValidationError as exc:
+                    refused.append(f"{name}: {describe_validation_error(exc)}")
+                    del wanted[name]
+            config = SessionConfig.model_validate({**current, **wanted})  # each part alone was valid
         config, more = self._normalise(config)
-        if "watches" in changes:  # a list of watches replaces the session's
-            self._replace_watches(config.watches)
+        if "watches" in wanted:  # a list of watches replaces the session's
+            try:
+                self._replace_watches(config.watches)
+            except SessionError as exc:
+                refused.append(f"watches: {exc.message}")
+                config = config.model_copy(update={"watches": self.config.watches})
         old = self.config
         self.config = config
         self.buffer.max_frames = config.max_frames
@@ -414,7 +420,7 @@ class SessionCore:
             if config.turn_detection is not None and self.voice.vad_window is not None:
                 turns = config.turn_detection
                 self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
-        return ConfigUpdated(config=self._effective_config(), notes=notes + more)
+        return ConfigUpdated(config=self._effective_config(), notes=notes + more, refused=refused)
 
     # ------------------------------------------------------------------ frames
     def check_frame_size(self, event: VideoFrame) -> None:
@@ -448,6 +454,7 @@ class SessionCore:
         )
         if self.origin is None:
             self.origin = frame
+        self.items.appended(_fid(event.frame_id))
         evicted = self.buffer.add(frame)
         return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted), frame, evicted)
 
@@ -455,13 +462,22 @@ class SessionCore:
         """Filter and buffer a frame prepared off the loop (``preparation.prepare_frame``):
         the buffered frame gets its picture and intake times here. ``receive_ms``: when the
         frame was read; ``now_ms``: now (both wall clock, ms)."""
-        intake = self.accept_frame(event, prepared.raw, prepared.key, prepared.thumb, receive_ms)
+        key = prepared.key if event.detail != "low" else f"{prepared.key}:low"  # another picture of it
+        intake = self.accept_frame(event, prepared.raw, key, prepared.thumb, receive_ms)
         if intake.frame is not None:
             intake.frame.image = prepared.image
             intake.frame.decode_ms = prepared.decode_ms
             intake.frame.decoded_ts_ms = now_ms
         warm_due = self.warm_prefix and (intake.frame is not None or bool(intake.evicted))
         return replace(intake, warm_due=warm_due)
+
+    def image_side(self, event: VideoFrame) -> int | None:
+        """The largest side the frame's picture goes to the model at: the model's (``detail``
+        ``high`` or ``auto``), or for ``low`` at most ``LOW_DETAIL_SIDE`` and half the model's."""
+        side = self.capabilities.max_image_side
+        if event.detail != "low":
+            return side
+        return LOW_DETAIL_SIDE if side is None else max(28, min(LOW_DETAIL_SIDE, side // 2))
 
     def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:
         """A frame dropped at intake because the server cannot keep up: its ack says so
@@ -577,6 +593,7 @@ class SessionCore:
             raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
         item = PendingInput(question.item_id, None, question.pcm16)
         self.inputs.append(item)
+        self.items.appended(question.item_id)
         return item
 
     def transcribed_input(self, item_id: str, transcript: str) -> InputTranscribed | None:
@@ -605,6 +622,15 @@ class SessionCore:
         if drop > 0:
             del self.audio[: drop * 2]
             self.audio_origin += min(drop, self.audio_total - self.audio_origin)
+
+    @staticmethod
+    def audio_ms(pcm16: bytes) -> float:
+        """How long 16 kHz PCM16 audio is, in ms."""
+        return _ms(pcm16)
+
+    def pcm(self, data: str) -> bytes:
+        """Base64 PCM16 as bytes. Raises ``invalid_audio``."""
+        return self._pcm(data)
 
     @staticmethod
     def _pcm(data: str) -> bytes:
@@ -641,10 +667,11 @@ class SessionCore:
         pcm = b"".join(i.pcm16 for i in self.inputs) + pcm
         question = "\n".join([*held, event.text]) if held else event.text
         spoken = _spoken(self.inputs)
+        input_ids = [i.item_id for i in self.inputs]
         self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
         plan = self._plan(frames, question, audio)
-        plan.spoken = spoken
+        plan.spoken, plan.input_ids = spoken, input_ids
         return plan
 
     def plan_spoken_query(self, question: SpokenQuestion) -> QueryPlan:
@@ -652,7 +679,10 @@ class SessionCore:
         frames = self.candidate_frames()
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the spoken question; send video.frame first")
-        return self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
+        plan = self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
+        plan.input_ids = [question.item_id] if question.item_id else []
+        self.items.appended(question.item_id or None)
+        return plan
 
     def _plan(
         self, frames: list[Frame], question: str, audio: AudioSegment | None, request: AnswerRequest | None = None
@@ -666,8 +696,10 @@ class SessionCore:
         if request is not None and request.modalities is not None:
             wanted = [m for m in request.modalities if m == "text" or self.voice.output is not None]
             modalities = list(dict.fromkeys(["text", *wanted]))
+        number = next(self._requests)
         return QueryPlan(
-            request_id=f"resp_{self.session_id[:8]}_{next(self._requests)}",
+            request_id=f"resp_{self.session_id[:8]}_{number}",
+            item_id=f"item_answer_{self.session_id[:8]}_{number}",
             question=question,
             frames=frames,
             audio=audio,
@@ -676,19 +708,60 @@ class SessionCore:
             instructions=request.instructions if request is not None else None,
         )
 
+    def check_request(self, request: AnswerRequest, answering: bool) -> None:
+        """Raises ``conversation_already_has_active_response`` for an exclusive request while
+        an answer is asked or running (OpenAI Realtime runs one response at a time)."""
+        if request.exclusive and answering:
+            raise SessionError(
+                ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+                "a response is in progress; wait for its response.done (or cancel it) before creating another",
+            )
+
     def plan_answer(self, request: AnswerRequest) -> QueryPlan:
         """Start an answer over the pending inputs (their text is the question, their audio
-        the spoken part); the inputs are used up. Raises ``no_frames`` (inputs are kept)."""
+        the spoken part); the inputs are used up unless the answer stays out of the
+        conversation. With ``input``, the answer's context is only that: its messages, and
+        the frames it names (else the buffered ones). Raises ``no_frames`` (inputs are kept)
+        and ``item_not_found`` (an input naming no item)."""
+        if request.input is not None:
+            return self._plan_own_context(request)
         frames = self.candidate_frames()
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
         question = "\n".join(i.text for i in self.inputs if i.text)
         pcm = b"".join(i.pcm16 for i in self.inputs)
         spoken = _spoken(self.inputs)
-        self.inputs.clear()
+        input_ids = [i.item_id for i in self.inputs]
+        if request.in_conversation:
+            self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
         plan = self._plan(frames, question, audio, request)
-        plan.spoken = spoken
+        plan.spoken, plan.input_ids = spoken, input_ids if request.in_conversation else []
+        plan.in_conversation, plan.metadata = request.in_conversation, request.metadata
+        return plan
+
+    def _plan_own_context(self, request: AnswerRequest) -> QueryPlan:
+        messages: list[InputMessage] = []
+        frames: list[Frame] = []
+        for part in request.input or []:
+            if part.item_id is None:
+                messages.append(part)
+                continue
+            frame = next((f for f in self.buffer.frames if f.frame_id is not None and str(f.frame_id) == part.item_id), None)
+            if frame is not None:
+                frames.append(frame)
+                continue
+            found = self.items.retrieve(part.item_id)  # raises item_not_found
+            if found.text:
+                role = found.role if found.role != "system" else "user"
+                messages.append(InputMessage(role=role, text=found.text))
+        frames = frames or self.candidate_frames()
+        if not frames:
+            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
+        question = "\n".join(m.text for m in messages if m.text and m.role == "user")
+        plan = self._plan(frames, question, None, request)
+        plan.context, plan.metadata = messages, request.metadata
+        plan.in_conversation = request.in_conversation
         return plan
 
     def start_event(self, plan: QueryPlan) -> ResponseStart:
@@ -699,8 +772,12 @@ class SessionCore:
         """The answer to a planned question (``lifecycle.py``): it turns the engine's outputs
         into the events to send, ``video.frames.consumed`` (this plan's frames) included.
         ``received``: when the question came, in seconds on the caller's monotonic clock."""
+        self.running = plan
+        if plan.in_conversation:
+            self.items.appended(plan.item_id)
         return Answer(plan.request_id, plan.modalities, received, consumed=partial(self.consumed, plan),
-                      trigger=plan.trigger)
+                      trigger=plan.trigger, item_id=plan.item_id, metadata=plan.metadata,
+                      in_conversation=plan.in_conversation)
 
     # ------------------------------------------------------------------ conversation items
     def apply(self, command: Command) -> list[ServerEvent]:
@@ -710,9 +787,19 @@ class SessionCore:
         ``item_not_found``).
         """
         if isinstance(command, ConfigUpdate):
-            return [self.update(command.changes)]
+            updated = self.update(command.changes)
+            refused = [*command.refused, *updated.refused]
+            if not refused:
+                return [updated]
+            error = ErrorEvent(code=ErrorCode.INVALID_MESSAGE.value,
+                               message="session.update: not applied: " + "; ".join(refused)[:2000])
+            return [updated.model_copy(update={"refused": refused}), error]
         if isinstance(command, UserInput):
-            return [self._add_input(command)]
+            return [self.items.add(command)]
+        if isinstance(command, TruncateItem):
+            return [self.items.truncate(command)]
+        if isinstance(command, ClearOutputAudio):
+            return [OutputAudioCleared()]
         if isinstance(command, CommitAudio):
             return [self._commit_audio(command.item_id)]
         if isinstance(command, ClearAudio):
@@ -720,9 +807,9 @@ class SessionCore:
             self.audio_origin = self.audio_total
             return [AudioCleared()]
         if isinstance(command, DeleteItem):
-            return [self._delete_item(command.item_id)]
+            return [self.items.delete(command.item_id)]
         if isinstance(command, RetrieveItem):
-            return [self._retrieve_item(command.item_id)]
+            return [self.items.retrieve(command.item_id)]
         raise SessionError(ErrorCode.INVALID_MESSAGE, f"{command.type} is not carried out here")
 
     def system_text(self) -> str | None:
@@ -730,26 +817,11 @@ class SessionCore:
         parts = [p for p in (self.config.system_prompt, *self.system_items.values()) if p]
         return "\n\n".join(parts) if parts else None
 
-    def _add_input(self, item: UserInput) -> InputAdded:
-        if item.role == "system":
-            if item.audio or not item.text:
-                raise SessionError(ErrorCode.INVALID_MESSAGE, "a system item holds text only")
-            if sum(map(len, self.system_items.values())) + len(item.text) > MAX_INPUT_CHARS:
-                raise SessionError(ErrorCode.INVALID_MESSAGE, f"system items may hold {MAX_INPUT_CHARS} characters")
-            self.system_items[item.item_id] = item.text
-            return InputAdded(item_id=item.item_id, role="system", text=item.text)
-        pcm = self._pcm(item.audio) if item.audio else b""
-        if not pcm and not item.text:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, "a user item needs text, audio or an image")
-        if sum(len(i.text or "") for i in self.inputs) + len(item.text or "") > MAX_INPUT_CHARS:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"pending items may hold {MAX_INPUT_CHARS} characters")
-        if self._pending_audio_bytes() + len(pcm) > self.limits.max_audio_bytes:
-            raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
-        self.inputs.append(PendingInput(item.item_id, item.text, pcm))
-        return InputAdded(item_id=item.item_id, role="user", text=item.text, audio_ms=_ms(pcm) if pcm else None)
-
-    def _pending_audio_bytes(self) -> int:
+    def pending_audio_bytes(self) -> int:
+        """The audio the pending inputs hold, in bytes."""
         return sum(len(i.pcm16) for i in self.inputs)
+
+    _pending_audio_bytes = pending_audio_bytes
 
     def _commit_audio(self, item_id: str) -> AudioCommitted:
         if self.detector is not None:
@@ -762,35 +834,8 @@ class SessionCore:
         self.audio.clear()
         self.audio_origin = self.audio_total
         self.inputs.append(PendingInput(item_id, None, pcm))
+        self.items.appended(item_id)
         return AudioCommitted(item_id=item_id, audio_ms=_ms(pcm))
-
-    def _frame_item(self, item_id: str) -> Frame | None:
-        return next((f for f in self.buffer.frames if f.frame_id is not None and str(f.frame_id) == item_id), None)
-
-    def _delete_item(self, item_id: str) -> ItemDeleted:
-        frame = self._frame_item(item_id)
-        if frame is not None:
-            self.buffer.remove(frame)  # a running answer or warmup keeps it until it ends (pinned)
-        elif item_id in self.system_items:
-            del self.system_items[item_id]
-        elif any(i.item_id == item_id for i in self.inputs):
-            self.inputs = [i for i in self.inputs if i.item_id != item_id]
-        else:
-            raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {item_id[:64]!r} in the conversation")
-        return ItemDeleted(item_id=item_id)
-
-    def _retrieve_item(self, item_id: str) -> ItemRetrieved:
-        frame = self._frame_item(item_id)
-        if frame is not None and frame.data:
-            url = f"data:{_image_type(frame.data)};base64,{base64.b64encode(frame.data).decode('ascii')}"
-            return ItemRetrieved(item_id=item_id, role="user", kind="image", image=url)
-        if item_id in self.system_items:
-            return ItemRetrieved(item_id=item_id, role="system", kind="input", text=self.system_items[item_id])
-        for item in self.inputs:
-            if item.item_id == item_id:
-                audio_ms = _ms(item.pcm16) if item.pcm16 else None
-                return ItemRetrieved(item_id=item_id, role="user", kind="input", text=item.text, audio_ms=audio_ms)
-        raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {item_id[:64]!r} in the conversation")
 
     def needs_transcription(self, plan: QueryPlan) -> bool:
         """True when the plan's audio must become text (the engine takes no audio)."""
@@ -818,13 +863,31 @@ class SessionCore:
         """The prompt for a planned answer (its frames must be decoded): the timeline with the
         plan's new frames admitted (its newest always) and the question closing the open turn.
         Sets ``plan.used``, the frames the prompt holds."""
+        plan.prompted = True
+        if plan.context is not None:  # the answer's own context, not the timeline
+            plan.used = [f for f in plan.frames if f.image is not None]
+            return self._render_context(plan)
         timeline = self.timeline
         timeline.forget_evicted()
         usable = [f for f in plan.frames if f.image is not None]
         timeline.admit(usable, newest=usable[-1] if usable else None)
         plan.used = timeline.frames
-        plan.prompted = True
         return replace(self._render(plan.question, plan.audio, plan.instructions), spoken=plan.spoken)
+
+    def _render_context(self, plan: QueryPlan) -> Prompt:
+        """An answer's own ``input``: its messages in order, the frames first, the last user
+        message asking."""
+        messages = plan.context or []
+        last_user = max((n for n, m in enumerate(messages) if m.role == "user"), default=None)
+        turns = []
+        for n, m in enumerate(messages):
+            if n != last_user:
+                turns.append(TimelineTurn([], [Message(m.role if m.role != "system" else "user", m.text or "")]))
+        question = messages[last_user].text or "" if last_user is not None else ""
+        return render_timeline(
+            system_prompt=plan.instructions or self.system_text(), history=(), turns=turns,
+            open_frames=plan.used, origin=self.origin, timestamps=self.config.frame_timestamps, question=question,
+        )
 
     def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
         timeline = self.timeline
@@ -869,11 +932,41 @@ class SessionCore:
     def finish(self, plan: QueryPlan, answer: str | None, interrupted: bool = False) -> None:
         """End an answer: unpin its frames. An answer that reached the engine closes the open
         turn with its text as generated (``None``: it failed, and the turn stays open); an
-        interrupted one keeps the text it got to, marked (``timeline.INTERRUPTED_MARK``)."""
+        interrupted one keeps the text it got to, marked (``timeline.INTERRUPTED_MARK``); one
+        the client truncated while it ran keeps what was heard, one it deleted only its
+        question. An answer out of the conversation leaves the timeline as it was."""
         self.buffer.unpin(plan.frames)
         plan.frames = []
-        if answer is not None and plan.prompted:
-            self.timeline.close_turn(plan.question, interrupted_answer(answer) if interrupted else answer)
+        if self.running is plan:
+            self.running = None
+        if answer is None or not plan.prompted or not plan.in_conversation:
+            return
+        text = interrupted_answer(answer) if interrupted else answer
+        reply = Message("assistant", text, (plan.item_id,), tuple(plan.audio_pieces))
+        if plan.heard_ms is not None and plan.audio_pieces:
+            heard = heard_text(reply, plan.heard_ms)
+            cut = tuple(p for p in plan.audio_pieces if p[0] <= plan.heard_ms)
+            reply = Message("assistant", heard, (plan.item_id,), (*cut, (float(plan.heard_ms), "")))
+        question = Message("user", plan.question, tuple(plan.input_ids))
+        if plan.context is not None:
+            self.close_open_turn([] if plan.deleted else [reply])
+        else:
+            self.timeline.close_with([question] if plan.deleted else [question, reply])
+
+    def spoke(self, plan: QueryPlan, wav: bytes, words: str = "") -> None:
+        """A piece of the answer's audio (a 24 kHz WAV) was sent, saying ``words`` (empty: the
+        engine's own voice): a truncation finds what was heard by these."""
+        ms = max(0, len(wav) - 44) / 2 / 24  # PCM16 at 24 kHz after the 44-byte header
+        total = plan.audio_pieces[-1][0] if plan.audio_pieces else 0.0
+        plan.audio_pieces.append((round(total + ms, 1), words))
+
+    def close_open_turn(self, messages: list[Message]) -> None:
+        """The client put an assistant message at the end: the frames shown since the last
+        turn (the decoded ones) and ``messages`` become a turn."""
+        self.timeline.forget_evicted()
+        self.timeline.admit(self.buffer.frames)
+        self.timeline.close_with(messages)
+        self.timeline.edited = True
 
     # ------------------------------------------------------------------ warm prefix
     def warm_frames(self) -> list[Frame]:
@@ -886,7 +979,8 @@ class SessionCore:
         self.timeline.forget_evicted()
         self.timeline.admit(self.buffer.frames)
         frames = self.timeline.frames
-        if not self.timeline.open and frames == before:
+        edited, self.timeline.edited = self.timeline.edited, False
+        if not self.timeline.open and frames == before and not edited:
             return []
         return frames
 

@@ -18,6 +18,11 @@ frames leave it, in bulk:
   of the timeline is dropped and the stride doubles, so the frames keep spanning the whole
   buffered time at half the density. A question always sees the newest frame it waited for.
 
+Conversation items edit it in place: a message (user or assistant) can be put after any
+message or at the start, taken out, or an answer cut to what its listener heard. Such an
+edit changes the prompt from that point on (the engine recomputes from there); the timeline
+says so in ``edited``, for the warm prefix.
+
 Pure and synchronous, like the rest of the core.
 """
 
@@ -41,12 +46,71 @@ class Exchange:
 
 
 @dataclass
+class Message:
+    """One message of a turn: a user's words or an assistant's. ``item_ids``: the
+    conversation items it holds (a question made of several inputs holds each); ``spoken``:
+    an answer's audio as (ms from its start where each spoken piece ends, the words spoken)."""
+
+    role: str  # "user" or "assistant"
+    text: str
+    item_ids: tuple[str, ...] = ()
+    spoken: tuple[tuple[float, str], ...] = ()
+
+    @property
+    def audio_ms(self) -> float | None:
+        """How long the answer's audio is (None: it was not spoken)."""
+        return self.spoken[-1][0] if self.spoken else None
+
+
+@dataclass
 class TimelineTurn:
-    """One live exchange: the frames shown since the previous turn, the question, the answer."""
+    """One live exchange: the frames shown since the previous turn, then its messages (the
+    question, then the answer, or what the client put there)."""
 
     frames: list[Frame]
-    question: str
-    answer: str
+    messages: list[Message]
+
+    @classmethod
+    def of(cls, frames: list[Frame], question: str, answer: str) -> TimelineTurn:
+        """A turn of one question and its answer."""
+        return cls(frames, [Message("user", question), Message("assistant", answer)])
+
+    @property
+    def question(self) -> str:
+        """The user's words before the first answer."""
+        texts = []
+        for message in self.messages:
+            if message.role != "user":
+                break
+            texts.append(message.text)
+        return "\n".join(t for t in texts if t)
+
+    @property
+    def answer(self) -> str:
+        """The assistant's words."""
+        return "\n".join(m.text for m in self.messages if m.role == "assistant" and m.text)
+
+
+def heard_text(message: Message, audio_end_ms: float) -> str:
+    """The words of a spoken answer that its first ``audio_end_ms`` carry: every piece that
+    ended by then, and of the piece under way the share of its words its time covers (audio
+    with no words of its own, an engine's voice: that share of the whole text)."""
+    if not message.spoken or audio_end_ms >= message.spoken[-1][0]:
+        return message.text
+    if not any(words for _, words in message.spoken):
+        words = message.text.split()
+        return " ".join(words[: int(len(words) * audio_end_ms / message.spoken[-1][0])])
+    heard: list[str] = []
+    start = 0.0
+    for end, words in message.spoken:
+        if end <= audio_end_ms:
+            heard += words.split()
+        else:
+            part = words.split()
+            heard += part[: int(len(part) * max(0.0, audio_end_ms - start) / max(end - start, 1e-6))]
+            break
+        start = end
+    return " ".join(heard)
 
 
 def interrupted_answer(text: str) -> str:
@@ -70,6 +134,7 @@ class Timeline:
     turns: list[TimelineTurn] = field(default_factory=list)
     open: list[Frame] = field(default_factory=list)
     stride: int = 1
+    edited: bool = False  # a message was put in, taken out or cut since the last warm-up
     _last_seen: int = -1  # seq of the newest frame considered for admission
 
     @property
@@ -145,8 +210,65 @@ class Timeline:
     # ------------------------------------------------------------------ turns
     def close_turn(self, question: str, answer: str) -> None:
         """An answer ended: the open frames, the question and the answer become a turn."""
-        self.turns.append(TimelineTurn(self.open, question, answer))
+        self.close_with([Message("user", question), Message("assistant", answer)])
+
+    def close_with(self, messages: list[Message]) -> None:
+        """The open frames and ``messages`` become a turn (an answer ended, or the client
+        put an assistant message at the end)."""
+        self.turns.append(TimelineTurn(self.open, [m for m in messages if m.text or m.role == "assistant"]))
         self.open = []
+
+    # ------------------------------------------------------------------ items
+    def find(self, item_id: str) -> tuple[TimelineTurn, int] | None:
+        """The turn holding message ``item_id`` and its index there, or None."""
+        for turn in self.turns:
+            for n, message in enumerate(turn.messages):
+                if item_id in message.item_ids:
+                    return turn, n
+        return None
+
+    def holds_frame(self, item_id: str) -> TimelineTurn | None:
+        """The closed turn that shows frame ``item_id``, or None."""
+        return next((t for t in self.turns if any(str(f.frame_id) == item_id for f in t.frames)), None)
+
+    def insert(self, after: str | None, message: Message) -> bool:
+        """Put ``message`` after the message or frame ``after`` of a closed turn (None: before
+        everything). Returns False when no closed turn holds ``after``."""
+        if after is None:
+            if self.turns:
+                self.turns[0].messages.insert(0, message)
+            else:
+                self.turns.append(TimelineTurn([], [message]))
+            self.edited = True
+            return True
+        found = self.find(after)
+        if found is not None:
+            found[0].messages.insert(found[1] + 1, message)
+        elif (turn := self.holds_frame(after)) is not None:
+            turn.messages.insert(0, message)
+        else:
+            return False
+        self.edited = True
+        return True
+
+    def remove(self, item_id: str) -> bool:
+        """Take message ``item_id`` out (a turn left with nothing goes). False: not here."""
+        found = self.find(item_id)
+        if found is None:
+            return False
+        turn, n = found
+        del turn.messages[n]
+        if not turn.messages and not turn.frames:
+            self.turns.remove(turn)
+        self.edited = True
+        return True
+
+    def replace(self, item_id: str, message: Message) -> None:
+        """Message ``item_id`` becomes ``message`` (an answer cut to what was heard)."""
+        found = self.find(item_id)
+        if found is not None:
+            found[0].messages[found[1]] = message
+            self.edited = True
 
     def _fold(self) -> bool:
         folded = False

@@ -13,7 +13,11 @@ How core events show up:
   done with ``status: "incomplete"`` and deleted at once; a frame evicted from the buffer is
   ``conversation.item.deleted``. The conversation holds exactly the frames the model sees.
 - an answer is one response with one assistant message item and one content part (``text``
-  or ``audio`` with its transcript).
+  or ``audio`` with its transcript); the item's id is the core's (the core deletes,
+  retrieves and truncates it), and the client's ``metadata`` comes back with it.
+
+Every error caused by a client event carries that event's ``event_id``, and OpenAI's code
+where it has one for the problem (``_OPENAI_CODES``; the rest keep livesight's).
 """
 
 from __future__ import annotations
@@ -29,19 +33,26 @@ from handlers.wire.commands import (
     AnswerRequest,
     AudioCleared,
     AudioCommitted,
+    CancelRequest,
     ClearAudio,
+    ClearOutputAudio,
     CommitAudio,
     ConfigUpdate,
     ConfigUpdated,
     DeleteItem,
     InputAdded,
+    InputMessage,
     InputTranscribed,
     ItemDeleted,
     ItemRetrieved,
+    ItemTruncated,
+    OutputAudioCleared,
     RetrieveItem,
+    TruncateItem,
     UserInput,
+    from_wire,
 )
-from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -60,7 +71,6 @@ from handlers.wire.protocol import (
     SessionReady,
     VideoFrame,
 )
-from handlers.wire.protocol import ResponseCancel as CoreCancel
 from handlers.realtime import events as rt
 from handlers.realtime.audio import audio_in, audio_out
 
@@ -71,6 +81,23 @@ _SERVER_ERRORS = frozenset(
     {ErrorCode.ENGINE_ERROR, ErrorCode.INTERNAL_ERROR, ErrorCode.SPEECH_FAILED, ErrorCode.TRANSCRIPTION_FAILED}
 )
 _LIVESIGHT_FIELDS = tuple(rt.LivesightSettings.model_fields)
+#: OpenAI's code for a livesight error, by the client event that caused it (None: any event).
+_OPENAI_CODES: dict[tuple[str, str | None], str] = {
+    (ErrorCode.UNKNOWN_TYPE, None): "invalid_value",
+    (ErrorCode.INVALID_MESSAGE, None): "invalid_value",
+    (ErrorCode.ITEM_NOT_FOUND, "conversation.item.retrieve"): "item_retrieve_invalid_item_id",
+    (ErrorCode.ITEM_NOT_FOUND, "conversation.item.delete"): "item_delete_invalid_item_id",
+    (ErrorCode.ITEM_NOT_FOUND, "conversation.item.truncate"): "item_truncate_invalid_item_id",
+    (ErrorCode.ITEM_NOT_FOUND, "conversation.item.create"): "item_create_invalid_previous_item_id",
+    (ErrorCode.DUPLICATE_ITEM_ID, None): "item_create_duplicate_item_id",
+    (ErrorCode.INVALID_TRUNCATE, None): "unsupported_content_type",
+    (ErrorCode.INVALID_AUDIO, "input_audio_buffer.commit"): "input_audio_buffer_commit_empty",
+}
+
+
+def openai_code(code: str, event_type: str | None) -> str:
+    """The code an error gets on /v1/realtime: OpenAI's where it has one, else livesight's."""
+    return _OPENAI_CODES.get((code, event_type)) or _OPENAI_CODES.get((code, None)) or code
 
 
 def core_modalities(output_modalities: list[str]) -> list[str]:
@@ -81,11 +108,15 @@ def core_modalities(output_modalities: list[str]) -> list[str]:
 class _Answer:
     """The running response as the client sees it."""
 
-    def __init__(self, response_id: str, item_id: str, audio: bool, metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, response_id: str, item_id: str, audio: bool, metadata: dict[str, str] | None = None,
+        in_conversation: bool = True,
+    ) -> None:
         self.response_id = response_id
         self.item_id = item_id
         self.audio = audio
-        self.metadata = metadata  # a fired watch's answer: which watch (a server-initiated response)
+        self.metadata = metadata  # the client's; or a fired watch's answer: which watch
+        self.in_conversation = in_conversation
         self.text = ""
         self.sent_audio = False
 
@@ -122,13 +153,18 @@ class RealtimeCodec:
         self.transcription: dict[str, Any] | None = None
         self.noise_reduction: dict[str, Any] | None = None
         self.config: dict[str, Any] = {}  # the core's effective configuration
+        self.vad_type = "server_vad"  # what the client asked for (semantic_vad is served by server VAD)
+        self.eagerness: str = "auto"
+        self.idle_timeout_ms: int | None = None
+        self.refused: list[str] = []  # the last session.update's parts that were not applied
+        self.notes: list[str] = []  # what the server changed of what was asked (the core's notes)
+        self._last_response: str | None = None
         self._event_ids = itertools.count(1)
         self._item_ids = itertools.count(1)
         self._last_item: str | None = None
         self._speech_item: str | None = None  # the item of the speech being heard
         self._question_audio_item: str | None = None  # the audio item the next transcript belongs to
         self._answer: _Answer | None = None
-        self._failed_event_id: str | None = None
 
     # ------------------------------------------------------------------ connect
     def opening(self) -> list[CoreInput]:
@@ -137,16 +173,17 @@ class RealtimeCodec:
 
     # ------------------------------------------------------------------ client -> core
     def decode(self, raw: str | bytes) -> list[CoreInput]:
+        event, _ = rt.parse_realtime_event(raw)  # its errors carry the event's origin
+        origin = Origin(event.event_id, event.type)
         try:
-            event, _ = rt.parse_realtime_event(raw)
-            return self._decode(event)
+            return [from_wire(core, origin) for core in self._decode(event)]
         except SessionError as exc:
-            self._failed_event_id = getattr(exc, "event_id", None)
+            exc.origin = origin
             raise
 
     def _decode(self, event: rt.RealtimeClientEvent) -> list[CoreInput]:
         if isinstance(event, rt.SessionUpdate):
-            return [ConfigUpdate(changes=self._config_changes(event.session))]
+            return [ConfigUpdate(changes=self._config_changes(event.session), refused=event._refused)]
         if isinstance(event, rt.InputAudioBufferAppend):
             return [AudioChunkIn(type="audio.chunk", data=audio_in(event.audio, self.in_format.type))]
         if isinstance(event, rt.InputAudioBufferCommit):
@@ -154,15 +191,19 @@ class RealtimeCodec:
         if isinstance(event, rt.InputAudioBufferClear):
             return [ClearAudio()]
         if isinstance(event, rt.ConversationItemCreate):
-            return self._item(event.item)
+            return self._item(event.item, event.previous_item_id)
         if isinstance(event, rt.ConversationItemDelete):
             return [DeleteItem(item_id=event.item_id)]
         if isinstance(event, rt.ConversationItemRetrieve):
             return [RetrieveItem(item_id=event.item_id)]
+        if isinstance(event, rt.ConversationItemTruncate):
+            return [TruncateItem(item_id=event.item_id, content_index=event.content_index, audio_end_ms=event.audio_end_ms)]
+        if isinstance(event, rt.OutputAudioBufferClear):
+            return [ClearOutputAudio()]
         if isinstance(event, rt.ResponseCreate):
             return [self._answer_request(event.response or rt.ResponseParams())]
         if isinstance(event, rt.ResponseCancel):
-            return [CoreCancel(type="response.cancel")]
+            return [CancelRequest()]
         raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unsupported event type {event.type!r}")
 
     def _config_changes(self, session: rt.RealtimeSession) -> dict[str, Any]:
@@ -183,18 +224,7 @@ class RealtimeCodec:
             if "noise_reduction" in audio.input.model_fields_set:
                 self.noise_reduction = audio.input.noise_reduction
             if "turn_detection" in audio.input.model_fields_set:
-                vad = audio.input.turn_detection
-                changes["turn_detection"] = None if vad is None else {
-                    k: v
-                    for k, v in {
-                        "threshold": vad.threshold,
-                        "silence_ms": vad.silence_duration_ms,
-                        "prefix_padding_ms": vad.prefix_padding_ms,
-                        "create_response": vad.create_response,
-                        "interrupt_response": vad.interrupt_response,
-                    }.items()
-                    if v is not None
-                }
+                changes["turn_detection"] = self._turn_detection(audio.input.turn_detection)
         if audio.output is not None:
             if audio.output.format is not None:
                 self.out_format = audio.output.format
@@ -206,23 +236,45 @@ class RealtimeCodec:
             changes.update(session.livesight.model_dump(exclude_unset=True))
         return changes
 
-    def _item(self, item: rt.MessageItem) -> list[CoreInput]:
+    def _turn_detection(self, vad: rt.ServerVad | rt.SemanticVad | None) -> dict[str, Any] | None:
+        """Turn detection as the core's: ``semantic_vad`` is the server's VAD with the silence
+        its eagerness asks for (``SEMANTIC_SILENCE_MS``)."""
+        if vad is None:
+            return None
+        self.vad_type = vad.type
+        if isinstance(vad, rt.SemanticVad):
+            self.eagerness = vad.eagerness or "auto"
+            self.idle_timeout_ms = None
+            wanted = {"silence_ms": rt.SEMANTIC_SILENCE_MS[self.eagerness]}
+        else:
+            self.idle_timeout_ms = vad.idle_timeout_ms
+            wanted = {"threshold": vad.threshold, "silence_ms": vad.silence_duration_ms,
+                      "prefix_padding_ms": vad.prefix_padding_ms}
+        wanted |= {"create_response": vad.create_response, "interrupt_response": vad.interrupt_response}
+        return {k: v for k, v in wanted.items() if v is not None}
+
+    def _item(self, item: rt.MessageItem, previous_item_id: str | None = None) -> list[CoreInput]:
         item_id = item.id or self._new_item()
-        if item.role == "assistant":
-            raise SessionError(ErrorCode.INVALID_MESSAGE, "assistant items are not supported; answers come from response.create")
-        texts = [part.text for part in item.content if part.type in {"input_text", "text"} and part.text]
+        texts = [part.text for part in item.content if part.type in {"input_text", "text", "output_text"} and part.text]
         images = [part for part in item.content if part.type == "input_image"]
         audios = [part for part in item.content if part.type == "input_audio"]
+        if item.role == "assistant":
+            spoken = [p.transcript for p in item.content if p.type in {"output_audio", "audio"} and p.transcript]
+            if images or audios:
+                raise SessionError(ErrorCode.INVALID_MESSAGE, "an assistant item holds text or audio with its transcript")
+            return [UserInput(item_id=item_id, role="assistant", text="\n".join(texts + spoken),
+                              previous_item_id=previous_item_id)]
         if item.role == "system":
             if images or audios:
                 raise SessionError(ErrorCode.INVALID_MESSAGE, "a system item holds input_text only")
-            return [UserInput(item_id=item_id, role="system", text="\n".join(texts))]
+            return [UserInput(item_id=item_id, role="system", text="\n".join(texts), previous_item_id=previous_item_id)]
         out: list[CoreInput] = []
         for n, part in enumerate(images):
             if not part.image_url or not part.image_url.startswith("data:"):
                 raise SessionError(ErrorCode.INVALID_IMAGE, "input_image needs image_url as a data URL (data:image/jpeg;base64,...)")
             alone = len(images) == 1 and not texts and not audios
-            out.append(VideoFrame(type="video.frame", data=part.image_url, frame_id=item_id if alone else f"{item_id}.{n}"))
+            out.append(VideoFrame(type="video.frame", data=part.image_url, frame_id=item_id if alone else f"{item_id}.{n}",
+                                  detail=part.detail))
         pcm = b""
         for part in audios:
             if not part.audio:
@@ -231,18 +283,31 @@ class RealtimeCodec:
             pcm = b"".join(base64.b64decode(audio_in(part.audio or "", self.in_format.type)) for part in audios)
         if texts or pcm:
             audio = base64.b64encode(pcm).decode("ascii") if pcm else None
-            out.append(UserInput(item_id=item_id, text="\n".join(texts) or None, audio=audio))
+            out.append(UserInput(item_id=item_id, text="\n".join(texts) or None, audio=audio,
+                                 previous_item_id=previous_item_id))
         return out
 
     def _answer_request(self, response: rt.ResponseParams) -> AnswerRequest:
-        if response.conversation not in {None, "auto"} or response.input is not None:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, "out-of-band responses (conversation, input) are not supported")
         if response.audio is not None and response.audio.output is not None and response.audio.output.format is not None:
             self.out_format = response.audio.output.format
+        context = None
+        if response.input is not None:
+            context = []
+            for part in response.input:
+                if isinstance(part, rt.ItemReference):
+                    context.append(InputMessage(item_id=part.id))
+                    continue
+                if any(p.type in {"input_image", "input_audio"} for p in part.content):
+                    raise SessionError(ErrorCode.INVALID_MESSAGE, "response.input takes images and audio only as "
+                                       "item_reference to conversation items")
+                text = "\n".join(p.text or p.transcript or "" for p in part.content).strip()
+                context.append(InputMessage(role=part.role, text=text or None))
         return AnswerRequest(
             instructions=response.instructions,
             modalities=core_modalities(response.output_modalities) if response.output_modalities else None,
             max_tokens=_max_tokens(response.max_output_tokens) if response.max_output_tokens is not None else None,
+            exclusive=True, in_conversation=response.conversation != "none", input=context,
+            metadata=response.metadata,
         )
 
     # ------------------------------------------------------------------ core -> client
@@ -251,10 +316,11 @@ class RealtimeCodec:
 
     def _encode(self, event: ServerEvent) -> list[rt.RealtimeServerEvent]:
         if isinstance(event, SessionReady):
-            self.config = event.config
+            self.config, self.notes = event.config, event.notes
             return [rt.SessionCreated(event_id=self._eid(), session=self._session())]
         if isinstance(event, ConfigUpdated):
             self.config = event.config
+            self.refused, self.notes = event.refused, event.notes
             return [rt.SessionUpdated(event_id=self._eid(), session=self._session())]
         if isinstance(event, FrameAck):
             return self._frame(event)
@@ -265,7 +331,10 @@ class RealtimeCodec:
             if event.audio_ms is not None:
                 content.append(rt.ItemContent(type="input_audio"))
                 self._question_audio_item = event.item_id
-            return self._added(rt.Item(id=event.item_id, role=event.role, content=content))
+            if event.role == "assistant":
+                content = [rt.ItemContent(type="output_text", text=event.text or "")]
+            item = rt.Item(id=event.item_id, role=event.role, content=content)
+            return self._added(item, previous=event.previous_item_id, at_end=event.at_end)
         if isinstance(event, AudioCommitted):
             self._question_audio_item = event.item_id
             previous = self._last_item
@@ -277,6 +346,12 @@ class RealtimeCodec:
             return [rt.ConversationItemDeleted(event_id=self._eid(), item_id=event.item_id)]
         if isinstance(event, ItemRetrieved):
             return [rt.ConversationItemRetrieved(event_id=self._eid(), item=_retrieved(event))]
+        if isinstance(event, ItemTruncated):
+            return [rt.ConversationItemTruncated(event_id=self._eid(), item_id=event.item_id,
+                                                 content_index=event.content_index, audio_end_ms=event.audio_end_ms)]
+        if isinstance(event, OutputAudioCleared):
+            response_id = self._last_response or f"resp_{self.session_id[5:13]}_none"
+            return [rt.OutputAudioBufferCleared(event_id=self._eid(), response_id=response_id)]
         if isinstance(event, InputAudioSpeechStarted):
             self._speech_item = event.item_id or self._new_item()
             return [rt.SpeechStarted(event_id=self._eid(), audio_start_ms=int(event.audio_start_ms), item_id=self._speech_item)]
@@ -346,22 +421,28 @@ class RealtimeCodec:
 
     def _response_start(self, event: ResponseStart) -> list[rt.RealtimeServerEvent]:
         trigger = event.trigger
-        metadata = None if trigger is None else {"livesight_trigger": trigger.type, "watch_id": trigger.watch_id}
-        answer = self._answer = _Answer(event.request_id, self._new_item(), "audio" in event.modalities, metadata)
+        metadata = event.metadata
+        if trigger is not None:
+            metadata = {**(metadata or {}), "livesight_trigger": trigger.type, "watch_id": trigger.watch_id}
+        answer = self._answer = _Answer(event.request_id, event.item_id or self._new_item(), "audio" in event.modalities,
+                                        metadata, event.in_conversation)
+        self._last_response = answer.response_id
         response = rt.ResponseOut(
-            id=answer.response_id, status="in_progress", conversation_id=self._conversation_id(),
+            id=answer.response_id, status="in_progress", conversation_id=self._conversation_id(answer),
             output_modalities=["audio"] if answer.audio else ["text"],
             max_output_tokens=self._max_output_tokens(), metadata=metadata,
         )
         item = answer.item("in_progress")
-        previous = self._last_item
-        self._last_item = answer.item_id
-        return [
+        out: list[rt.RealtimeServerEvent] = [
             rt.ResponseCreated(event_id=self._eid(), response=response),
             rt.OutputItemAdded(event_id=self._eid(), response_id=answer.response_id, item=item),
-            rt.ConversationItemAdded(event_id=self._eid(), previous_item_id=previous, item=item),
-            rt.ContentPartAdded(event_id=self._eid(), part=_empty_part(answer.audio), **answer.ids()),
         ]
+        if answer.in_conversation:
+            previous = self._last_item
+            self._last_item = answer.item_id
+            out.append(rt.ConversationItemAdded(event_id=self._eid(), previous_item_id=previous, item=item))
+        out.append(rt.ContentPartAdded(event_id=self._eid(), part=_empty_part(answer.audio), **answer.ids()))
+        return out
 
     def _response_done(self, event: ResponseDone) -> list[rt.RealtimeServerEvent]:
         answer = self._answer
@@ -385,7 +466,7 @@ class RealtimeCodec:
         usage = event.usage
         response = rt.ResponseOut(
             id=answer.response_id, status=status, status_details=details, output=[item],
-            conversation_id=self._conversation_id(), output_modalities=["audio"] if answer.audio else ["text"],
+            conversation_id=self._conversation_id(answer), output_modalities=["audio"] if answer.audio else ["text"],
             max_output_tokens=self._max_output_tokens(), metadata=answer.metadata,
             usage=rt.Usage(
                 total_tokens=usage.prompt_tokens + usage.completion_tokens,
@@ -398,28 +479,35 @@ class RealtimeCodec:
                 output_token_details=rt.OutputTokenDetails(text_tokens=usage.completion_tokens),
             ),
         )
-        return [
+        out: list[rt.RealtimeServerEvent] = [
             rt.ContentPartDone(event_id=self._eid(), part=answer.part(), **answer.ids()),
             rt.OutputItemDone(event_id=self._eid(), response_id=answer.response_id, item=item),
-            rt.ConversationItemDone(event_id=self._eid(), item=item),
-            rt.ResponseDone(event_id=self._eid(), response=response),
         ]
+        if answer.in_conversation:
+            out.append(rt.ConversationItemDone(event_id=self._eid(), item=item))
+        return [*out, rt.ResponseDone(event_id=self._eid(), response=response)]
 
     def _error(self, event: ErrorEvent) -> rt.RealtimeError:
-        event_id, self._failed_event_id = self._failed_event_id, None
+        origin = event.origin
         server_side = event.code in _SERVER_ERRORS
+        code = event.wire_code or openai_code(event.code, origin.event_type if origin else None)
         return rt.RealtimeError(
             event_id=self._eid(),
             error=rt.ErrorDetail(
                 type="server_error" if server_side else "invalid_request_error",
-                code=event.code, message=event.message, event_id=event_id,
+                code=code, message=event.message, event_id=origin.event_id if origin else None,
             ),
         )
 
     # ------------------------------------------------------------------ helpers
-    def _added(self, item: rt.Item, done_status: str = "completed") -> list[rt.RealtimeServerEvent]:
-        previous = self._last_item
-        self._last_item = item.id
+    def _added(
+        self, item: rt.Item, done_status: str = "completed", previous: str | None = None, at_end: bool = True
+    ) -> list[rt.RealtimeServerEvent]:
+        """An item was added: after ``previous`` when the core put it before others (not
+        ``at_end``), else after the newest item, and then it is the newest."""
+        if at_end:
+            previous = self._last_item
+            self._last_item = item.id
         done = item.model_copy(update={"status": done_status})
         return [
             rt.ConversationItemAdded(event_id=self._eid(), previous_item_id=previous, item=item),
@@ -438,12 +526,7 @@ class RealtimeCodec:
             audio=rt.SessionAudioOut(
                 input=rt.AudioInputOut(
                     format=self.in_format,
-                    turn_detection=None if vad is None else rt.ServerVadOut(
-                        threshold=vad["threshold"], prefix_padding_ms=vad["prefix_padding_ms"],
-                        silence_duration_ms=vad["silence_ms"],
-                        create_response=vad.get("create_response", True),
-                        interrupt_response=vad.get("interrupt_response", True),
-                    ),
+                    turn_detection=self._vad_out(vad),
                     transcription=self.transcription,
                     noise_reduction=self.noise_reduction,
                 ),
@@ -451,13 +534,27 @@ class RealtimeCodec:
                     format=self.out_format, voice=config.get("voice"), speed=config.get("speech_rate", 1.0)
                 ),
             ),
-            livesight={name: config.get(name) for name in _LIVESIGHT_FIELDS},
+            livesight={**{name: config.get(name) for name in _LIVESIGHT_FIELDS},
+                       "notes": self.notes, "refused": self.refused},
+        )
+
+    def _vad_out(self, vad: dict[str, Any] | None) -> rt.ServerVadOut | rt.SemanticVadOut | None:
+        if vad is None:
+            return None
+        create, interrupt = vad.get("create_response", True), vad.get("interrupt_response", True)
+        if self.vad_type == "semantic_vad":
+            return rt.SemanticVadOut(eagerness=self.eagerness, create_response=create, interrupt_response=interrupt)
+        return rt.ServerVadOut(
+            threshold=vad["threshold"], prefix_padding_ms=vad["prefix_padding_ms"], silence_duration_ms=vad["silence_ms"],
+            create_response=create, interrupt_response=interrupt, idle_timeout_ms=self.idle_timeout_ms,
         )
 
     def _max_output_tokens(self) -> int:
         return int(self.config.get("sampling", {}).get("max_tokens", 0)) or 1
 
-    def _conversation_id(self) -> str:
+    def _conversation_id(self, answer: _Answer | None = None) -> str | None:
+        if answer is not None and not answer.in_conversation:
+            return None  # out of band
         return f"conv_{self.session_id[5:]}"
 
     def _eid(self) -> str:
@@ -481,6 +578,11 @@ def _empty_part(audio: bool) -> rt.ContentPartOut:
 
 
 def _retrieved(event: ItemRetrieved) -> rt.Item:
+    if event.role == "assistant":
+        kind = "output_audio" if event.audio_ms is not None else "output_text"
+        part = rt.ItemContent(type=kind, transcript=event.text or "") if kind == "output_audio" else \
+            rt.ItemContent(type=kind, text=event.text or "")
+        return rt.Item(id=event.item_id, role="assistant", content=[part])
     content = []
     if event.image is not None:
         content.append(rt.ItemContent(type="input_image", image_url=event.image))

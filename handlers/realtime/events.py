@@ -4,28 +4,34 @@ Client -> server (JSON text messages, each with a ``type`` and an optional ``eve
 
     session.update               session: type "realtime", instructions, output_modalities
                                  (["text"] or ["audio"]), max_output_tokens, audio.input
-                                 (format, turn_detection server_vad with
+                                 (format, turn_detection server_vad / semantic_vad with
                                  create_response / interrupt_response, transcription,
                                  noise_reduction), audio.output (format, voice, speed),
                                  livesight (num_frames, max_frames, enable_frame_filter,
                                  frame_filter_threshold, frame_timestamps, prefix_warmup,
-                                 use_audio_in_video)
+                                 use_audio_in_video, watches); read field by field: a part
+                                 that is wrong is refused alone
     input_audio_buffer.append    audio (base64, in audio.input.format)
     input_audio_buffer.commit
     input_audio_buffer.clear
-    conversation.item.create     item: a message; user content input_text / input_image
-                                 (data URL, JPEG/PNG/WebP) / input_audio; system content
-                                 input_text
+    conversation.item.create     previous_item_id, item: a message; user content input_text /
+                                 input_image (data URL, JPEG/PNG/WebP; detail) / input_audio;
+                                 assistant content output_text / text / output_audio with
+                                 transcript; system content input_text
     conversation.item.delete     item_id
     conversation.item.retrieve   item_id
+    conversation.item.truncate   item_id, content_index, audio_end_ms
+    output_audio_buffer.clear
     response.create              response: instructions, output_modalities,
-                                 max_output_tokens, conversation ("auto"), metadata
+                                 max_output_tokens, conversation ("auto" / "none"), metadata,
+                                 input (messages and item_reference items)
     response.cancel              response_id
 
 Server -> client:
 
     session.created, session.updated, conversation.item.added, conversation.item.done,
-    conversation.item.deleted, conversation.item.retrieved,
+    conversation.item.deleted, conversation.item.retrieved, conversation.item.truncated,
+    output_audio_buffer.cleared,
     input_audio_buffer.speech_started, input_audio_buffer.speech_stopped,
     input_audio_buffer.committed, input_audio_buffer.cleared,
     conversation.item.input_audio_transcription.completed, response.created,
@@ -42,11 +48,11 @@ serialised by ``encode_realtime`` (fields that are None are left out).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
-from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.errors import ErrorCode, Origin, SessionError
 
 Modality = Literal["text", "audio"]
 FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -72,12 +78,26 @@ class ServerVad(_Part):
     silence_duration_ms: int | None = Field(None, ge=100, le=5000)
     create_response: bool | None = None
     interrupt_response: bool | None = None
-    idle_timeout_ms: int | None = None
+    idle_timeout_ms: int | None = Field(None, ge=5000, le=30000)
+
+
+class SemanticVad(_Part):
+    """Served by the server's VAD: ``eagerness`` sets how long a silence ends a turn
+    (``SEMANTIC_SILENCE_MS``)."""
+
+    type: Literal["semantic_vad"]
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+#: ``semantic_vad`` eagerness -> the silence (ms) that ends a spoken turn on the server's VAD.
+SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 400}
 
 
 class AudioInput(_Part):
     format: AudioFormat | None = None
-    turn_detection: ServerVad | None = None
+    turn_detection: Annotated[ServerVad | SemanticVad, Field(discriminator="type")] | None = None
     transcription: dict[str, Any] | None = None
     noise_reduction: dict[str, Any] | None = None
 
@@ -119,12 +139,12 @@ class RealtimeSession(_Part):
 
 
 class ContentPart(_Part):
-    type: Literal["input_text", "input_image", "input_audio", "text", "output_text"]
+    type: Literal["input_text", "input_image", "input_audio", "text", "output_text", "output_audio", "audio"]
     text: str | None = Field(None, max_length=20_000)
     image_url: str | None = None
     audio: str | None = None
-    transcript: str | None = None
-    detail: str | None = None
+    transcript: str | None = Field(None, max_length=20_000)
+    detail: Literal["low", "high", "auto"] | None = None
 
 
 class MessageItem(_Part):
@@ -132,6 +152,16 @@ class MessageItem(_Part):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "assistant"]
     content: list[ContentPart] = Field(min_length=1, max_length=32)
+
+
+class ItemReference(_Part):
+    """An existing conversation item, in a response's ``input``."""
+
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1, max_length=64)
+
+
+ResponseInputItem = Annotated[MessageItem | ItemReference, Field(discriminator="type")]
 
 
 class ResponseAudio(_Part):
@@ -142,9 +172,9 @@ class ResponseParams(_Part):
     instructions: str | None = Field(None, max_length=20_000)
     output_modalities: list[Modality] | None = Field(None, min_length=1)
     max_output_tokens: int | Literal["inf"] | None = None
-    conversation: str | None = None
+    conversation: Literal["auto", "none"] | None = None
     metadata: dict[str, str] | None = None
-    input: list[Any] | None = None
+    input: list[ResponseInputItem] | None = Field(None, max_length=64)
     audio: ResponseAudio | None = None
 
 
@@ -158,6 +188,9 @@ class _ClientEvent(_Part):
 class SessionUpdate(_ClientEvent):
     type: Literal["session.update"]
     session: RealtimeSession
+
+    #: The parts of the client's session that were not valid, each with why (left out of ``session``).
+    _refused: list[str] = PrivateAttr(default_factory=list)
 
 
 class InputAudioBufferAppend(_ClientEvent):
@@ -189,6 +222,17 @@ class ConversationItemRetrieve(_ClientEvent):
     item_id: str
 
 
+class ConversationItemTruncate(_ClientEvent):
+    type: Literal["conversation.item.truncate"]
+    item_id: str = Field(max_length=256)
+    content_index: int = Field(0, ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class OutputAudioBufferClear(_ClientEvent):
+    type: Literal["output_audio_buffer.clear"]
+
+
 class ResponseCreate(_ClientEvent):
     type: Literal["response.create"]
     response: ResponseParams | None = None
@@ -207,6 +251,8 @@ RealtimeClientEvent = Annotated[
     | ConversationItemCreate
     | ConversationItemDelete
     | ConversationItemRetrieve
+    | ConversationItemTruncate
+    | OutputAudioBufferClear
     | ResponseCreate
     | ResponseCancel,
     Field(discriminator="type"),
@@ -221,17 +267,70 @@ REALTIME_CLIENT_TYPES = frozenset(
         "conversation.item.create",
         "conversation.item.delete",
         "conversation.item.retrieve",
+        "conversation.item.truncate",
+        "output_audio_buffer.clear",
         "response.create",
         "response.cancel",
     }
 )
 
 
+def _wire_code(error: dict[str, Any]) -> str:
+    """OpenAI's code for one validation problem."""
+    if error["type"] == "missing":
+        return "missing_required_parameter"
+    if error["type"] == "extra_forbidden":
+        return "unknown_parameter"
+    return "invalid_value"
+
+
+def _part_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The model of field ``name`` when it is one nested part (not a union of several)."""
+    field = model.model_fields.get(name)
+    if field is None:
+        return None
+    parts = [a for a in (get_args(field.annotation) or (field.annotation,)) if isinstance(a, type) and issubclass(a, _Part)]
+    return parts[0] if len(parts) == 1 else None
+
+
+def _lenient(model: type[BaseModel], data: dict[str, Any], path: str) -> tuple[dict[str, Any], list[str]]:
+    """``data`` without its parts that are not valid for ``model`` (a nested part is read the
+    same way), and a line for each part left out."""
+    kept: dict[str, Any] = {}
+    refused: list[str] = []
+    for name, value in data.items():
+        try:
+            model.model_validate({name: value})
+            kept[name] = value
+            continue
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+        part = _part_model(model, name)
+        if part is not None and isinstance(value, dict):
+            kept[name], more = _lenient(part, value, f"{path}{name}.")
+            refused += more
+        else:
+            refused.append(f"{path}{name}: {problem['msg']}")
+    return kept, refused
+
+
+def _session_update(obj: dict[str, Any]) -> SessionUpdate:
+    session = obj.get("session")
+    if not isinstance(session, dict):
+        return _client_event.validate_python(obj)  # type: ignore[return-value]  # raises: not an object
+    kept, refused = _lenient(RealtimeSession, session, "session.")
+    event = SessionUpdate.model_validate({**obj, "session": kept})
+    event._refused = refused
+    return event
+
+
 def parse_realtime_event(raw: str | bytes) -> tuple[RealtimeClientEvent | None, str | None]:
-    """Parse one message; returns the event and its ``event_id``.
+    """Parse one message; returns the event and its ``event_id``. A ``session.update`` is
+    read part by part: what is not valid is left out and listed in its ``_refused``.
 
     Raises ``SessionError`` (``invalid_json``, ``invalid_message``, ``unknown_type``); the
-    message's ``event_id``, when it had one, is on the exception as ``event_id``.
+    message's ``event_id`` and ``type``, when it had them, are on the exception's ``origin``,
+    and OpenAI's code for the problem on its ``wire_code``.
     """
     if isinstance(raw, bytes):
         raise SessionError(ErrorCode.INVALID_MESSAGE, "binary messages are not supported; send JSON text")
@@ -247,16 +346,23 @@ def parse_realtime_event(raw: str | bytes) -> tuple[RealtimeClientEvent | None, 
         if not isinstance(kind, str):
             raise SessionError(ErrorCode.INVALID_MESSAGE, 'message has no string "type"')
         if kind not in REALTIME_CLIENT_TYPES:
-            raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unknown or unsupported event type {kind[:64]!r}")
+            error = SessionError(ErrorCode.UNKNOWN_TYPE, f"unknown or unsupported event type {kind[:64]!r}")
+            error.wire_code = "invalid_value"
+            raise error
         try:
+            if kind == "session.update":
+                return _session_update(obj), event_id
             return _client_event.validate_python(obj), event_id
         except ValidationError as exc:
+            errors = exc.errors()
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}" for err in exc.errors()[:5]
+                f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}" for err in errors[:5]
             )
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"{kind}: {problems}") from None
+            error = SessionError(ErrorCode.INVALID_MESSAGE, f"{kind}: {problems}")
+            error.wire_code = _wire_code(errors[0])
+            raise error from None
     except SessionError as exc:
-        exc.event_id = event_id  # type: ignore[attr-defined]
+        exc.origin = Origin(event_id, kind if isinstance(kind, str) else "")
         raise
 
 
@@ -274,11 +380,19 @@ class ServerVadOut(_Out):
     silence_duration_ms: int
     create_response: bool = True
     interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+
+class SemanticVadOut(_Out):
+    type: Literal["semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
 
 
 class AudioInputOut(_Out):
     format: AudioFormat
-    turn_detection: ServerVadOut | None
+    turn_detection: ServerVadOut | SemanticVadOut | None
     transcription: dict[str, Any] | None = None
     noise_reduction: dict[str, Any] | None = None
 
@@ -423,6 +537,18 @@ class ConversationItemDeleted(RealtimeServerEvent):
 class ConversationItemRetrieved(RealtimeServerEvent):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
     item: Item
+
+
+class ConversationItemTruncated(RealtimeServerEvent):
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class OutputAudioBufferCleared(RealtimeServerEvent):
+    type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
+    response_id: str
 
 
 class SpeechStarted(RealtimeServerEvent):

@@ -42,7 +42,7 @@ from anyio.abc import TaskGroup
 from handlers.session import log_context
 from server import blocking
 from handlers.wire.codec import V1Codec, WireCodec
-from handlers.wire.commands import AnswerRequest, Command
+from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
 from handlers.core.session_core import (
     opening_config,
     Limits,
@@ -52,7 +52,7 @@ from handlers.core.session_core import (
     SpokenQuestion,
     VoicePaths,
 )
-from handlers.wire.errors import CLOSE_CODES, ErrorCode, SessionError
+from handlers.wire.errors import CLOSE_CODES, ErrorCode, Origin, SessionError
 from handlers.media.preparation import decode_prepared, prepare_frame
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.core.lifecycle import Answer, Outcome, Turns, TurnState
@@ -76,6 +76,7 @@ from handlers.wire.protocol import (
     WatchCreate,
     WatchDelete,
     WatchUpdate,
+    origin_of,
 )
 from handlers.session.voice import Listening, NativeAudioTrim, SpokenAnswer
 from handlers.session.transport import Disconnected, Transport
@@ -89,7 +90,7 @@ log = logging.getLogger("livesight.session")
 MEDIA = (VideoFrame, AudioChunkIn)
 WATCH_EVENTS = (WatchCreate, WatchUpdate, WatchDelete)
 #: Client events that start or stop an answer: they also take from the answer budget.
-ANSWER_MOVES = (VideoQuery, AnswerRequest, ResponseCancel)
+ANSWER_MOVES = (VideoQuery, AnswerRequest, ResponseCancel, CancelRequest, ClearOutputAudio)
 
 
 def now_ms() -> float:
@@ -147,6 +148,7 @@ class Session:
         self.frames_unacked = 0  # frames among them (counted for the whole server by ``blocking``)
         self.frames_read = 0  # frames queued to the frame lane, and handled there: a turn waits
         self.frames_handled = 0  # until the frames read before it are handled
+        self.answers_asked = 0  # answer requests read, not yet handled by the turn lane
         self.control = ControlBudget(control or ControlLimits())
         self.observer = observer or SessionObserver()
         self.transport = transport
@@ -328,12 +330,13 @@ class Session:
         for event in events:
             await self.send(event)
 
-    async def report(self, exc: SessionError) -> None:
-        """The one place a ``SessionError`` becomes an ``error`` event."""
+    async def report(self, exc: SessionError, origin: Origin | None = None) -> None:
+        """The one place a ``SessionError`` becomes an ``error`` event (``origin``: the client
+        event it answers, when the error does not name one itself)."""
         await self.send(
             ErrorEvent(
                 code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session,
-                retry_after_ms=exc.retry_after_ms,
+                retry_after_ms=exc.retry_after_ms, origin=exc.origin or origin, wire_code=exc.wire_code,
             )
         )
 
@@ -365,13 +368,22 @@ class Session:
                         await self.send(Pong())
                     elif isinstance(event, ResponseCancel):
                         self._stop_answer("cancel")
+                    elif isinstance(event, CancelRequest):
+                        if self.turn is None and not self.answers_asked:
+                            await self.report(SessionError(
+                                ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "there is no response in progress to cancel"
+                            ), origin_of(event))
+                        self._stop_answer("cancel")
                     elif isinstance(event, SessionConfig):
                         await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
                     elif isinstance(event, VideoFrame):
                         await self._read_frame(frames, event)
                     else:
-                        if isinstance(event, (VideoQuery, AnswerRequest)):
+                        if isinstance(event, VideoQuery) or (isinstance(event, AnswerRequest) and not event.exclusive):
                             self._stop_answer("question")
+                        elif isinstance(event, ClearOutputAudio):
+                            self._stop_answer("cancel")  # its audio stops with it
+                        self.answers_asked += isinstance(event, AnswerRequest)
                         self.waiting_messages += 1
                         await turns.send((event, time.perf_counter(), self.frames_read))
                         if isinstance(event, VideoDone):
@@ -458,7 +470,7 @@ class Session:
                 try:
                     await self._on_frame(event, received)
                 except SessionError as exc:
-                    await self.report(exc)
+                    await self.report(exc, origin_of(event))
                 finally:
                     self.waiting_messages -= 1
                     self.read_ahead_bytes -= size
@@ -473,7 +485,7 @@ class Session:
         buffer and ack it."""
         self.core.check_frame_size(event)
         receive_ms = now_ms() - (time.perf_counter() - received) * 1000  # when it was read, not dequeued
-        side = self.core.capabilities.max_image_side
+        side = self.core.image_side(event)
         deadline = received + self.intake.intake_max_wait_ms / 1000
         try:
             prepared = await blocking.run_fair(
@@ -514,6 +526,8 @@ class Session:
                         await self._on_done()
                         return
                     elif isinstance(event, AnswerRequest):
+                        self.answers_asked -= 1
+                        self.core.check_request(event, self.turn is not None)
                         await self.interrupt("question")
                         await self._start_turn(self.core.plan_answer(event), received)
                     elif isinstance(event, WATCH_EVENTS):
@@ -522,7 +536,7 @@ class Session:
                     elif isinstance(event, Command):
                         await self._on_command(event)
                 except SessionError as exc:
-                    await self.report(exc)
+                    await self.report(exc, origin_of(event))
                 finally:
                     self.waiting_messages -= 1
 
@@ -611,7 +625,11 @@ class Session:
         """A core command from a codec (items, audio commits, config updates)."""
         detector = self.core.detector
         for event in self.core.apply(command):
+            if isinstance(event, ErrorEvent):  # a refused part of a command that was carried out
+                event = event.model_copy(update={"origin": origin_of(command)})
             await self.send(event)
+        if self.core.warm_prefix and self.core.timeline.edited:
+            self.turns.prefix_behind()  # an item edited the timeline: the prefix is re-warmed from there
         if self.core.detector is not detector:  # turn detection was switched: fresh audio
             vad = self.voice.vad
             self._vad_stream = vad.open_stream() if self.core.detector is not None and vad is not None else None
@@ -767,7 +785,8 @@ class Session:
         await self._tg.start(spoken.run)
         return spoken
 
-    async def _send_audio(self, turn: Turn, wav: bytes) -> None:
+    async def _send_audio(self, turn: Turn, wav: bytes, words: str = "") -> None:
+        self.core.spoke(turn.plan, wav, words)
         await self._send_all(turn.answer.audio(wav, time.perf_counter()))
 
     async def _on_done(self) -> None:

@@ -125,7 +125,8 @@ class NativeAudioTrim:
 class SpokenAnswer:
     """The speech of one answer: text in, WAV deltas out, sentence by sentence.
 
-    Start ``run`` in the session's task group with ``tg.start``; feed text with ``add_text``;
+    Each delta is delivered with the sentence it says. Start ``run`` in the session's task
+    group with ``tg.start``; feed text with ``add_text``;
     end with ``finish`` (speaks the rest, waits) or ``cancel`` (stops at once, waits).
     Synthesis failures are reported once as ``speech_failed``; the text goes on without voice.
     """
@@ -139,7 +140,7 @@ class SpokenAnswer:
         max_sentence_chars: int,
         max_pending_sentences: int,
         pause_ms: float,
-        deliver: Callable[[bytes], Awaitable[None]],
+        deliver: Callable[[bytes, str], Awaitable[None]],
         report: Callable[[SessionError], Awaitable[None]],
     ) -> None:
         self.synthesizer = synthesizer
@@ -168,7 +169,7 @@ class SpokenAnswer:
                         self.synthesis_s += time.perf_counter() - started
                         if not pcm:
                             continue
-                        await self._deliver(encode_wav(pcm + self.pause, OUTPUT_RATE))
+                        await self._deliver(encode_wav(pcm + self.pause, OUTPUT_RATE), sentence)
                         self.latencies.append((time.perf_counter() - ready, len(pcm) / 2 / OUTPUT_RATE))
         except SpeechError as exc:
             log.warning("speech failed: %s", exc)

@@ -7,34 +7,45 @@ on top (a codec turns their messages into these; see ``codec.py``):
 Commands (codec -> core):
 
     ConfigUpdate    change the session's configuration after it started (any
-                    ``session.config`` field except ``model`` and ``prefix_warmup``)
-    UserInput       a conversation item: user text and/or audio for the next answer, or
-                    system text that joins the instructions
+                    ``session.config`` field except ``model`` and ``prefix_warmup``), with
+                    the parts of the client's update the codec could not read (``refused``)
+    UserInput       a conversation item: user text and/or audio for the next answer, an
+                    assistant message (a turn of the conversation as the client had it), or
+                    system text that joins the instructions; after ``previous_item_id``
     CommitAudio     the buffered microphone audio becomes an item of the next answer
     ClearAudio      drop the buffered, uncommitted audio
-    DeleteItem      take an item (an input, or a buffered frame by its id) out
+    DeleteItem      take an item (an input, a message, an answer, a frame) out
     RetrieveItem    describe an item
-    AnswerRequest   answer now, over the items so far, with optional per-answer
-                    instructions, modalities and token limit
+    TruncateItem    cut an answer to what the client played of its audio
+    ClearOutputAudio  stop sending the running answer's audio
+    AnswerRequest   answer now, over the items so far (or over ``input`` only), with
+                    optional per-answer instructions, modalities, token limit and metadata
+    CancelRequest   stop the running answer; an error when none runs
 
 Events (core -> codec):
 
     ConfigUpdated, InputAdded, AudioCommitted, AudioCleared, ItemDeleted, ItemRetrieved,
+    ItemTruncated, OutputAudioCleared,
     InputTranscribed (a spoken turn kept for the next answer, as words)
 
 ``SessionCore.apply`` carries out every command but ``AnswerRequest`` (which starts an
-answer, as ``video.query`` does) and returns the events to send.
+answer, as ``video.query`` does) and ``CancelRequest`` (the adapter's) and returns the
+events to send. A command carries the wire event it came from (``origin_of``), so an error
+it causes names that event.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from handlers.wire.errors import Origin
 from handlers.wire.protocol import ServerEvent
 
-Role = Literal["user", "system"]
+Role = Literal["user", "system", "assistant"]
+#: ``previous_item_id`` that puts an item first in the conversation.
+ROOT = "root"
 
 
 class Command(BaseModel):
@@ -42,22 +53,35 @@ class Command(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    _origin: Origin | None = PrivateAttr(None)
+
+
+def from_wire(event: BaseModel, origin: Origin) -> BaseModel:
+    """``event`` (a command or a v1 client event a codec made) marked as coming from ``origin``."""
+    event._origin = origin  # type: ignore[attr-defined]
+    return event
+
 
 class ConfigUpdate(Command):
-    """``changes``: ``session.config`` fields to set (validated as a whole config)."""
+    """``changes``: ``session.config`` fields to set (each one that is invalid is refused
+    alone); ``refused``: what the codec could not read, said back as one error."""
 
     type: Literal["core.config_update"] = "core.config_update"
     changes: dict[str, Any]
+    refused: list[str] = Field(default_factory=list)
 
 
 class UserInput(Command):
-    """One conversation item. ``audio``: base64 PCM16 at 16 kHz (user items only)."""
+    """One conversation item. ``audio``: base64 PCM16 at 16 kHz (user items only); an
+    assistant item's ``text`` is its text or its audio's transcript. ``previous_item_id``:
+    the item it follows (None: the end; ``ROOT``: the start)."""
 
     type: Literal["core.user_input"] = "core.user_input"
     item_id: str
     role: Role = "user"
     text: str | None = Field(None, max_length=20_000)
     audio: str | None = None
+    previous_item_id: str | None = Field(None, max_length=256)
 
 
 class CommitAudio(Command):
@@ -79,13 +103,52 @@ class RetrieveItem(Command):
     item_id: str
 
 
+class TruncateItem(Command):
+    """Cut answer ``item_id`` to its first ``audio_end_ms`` of audio (what the client played)."""
+
+    type: Literal["core.truncate_item"] = "core.truncate_item"
+    item_id: str
+    content_index: int = Field(0, ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class ClearOutputAudio(Command):
+    type: Literal["core.clear_output_audio"] = "core.clear_output_audio"
+
+
+class InputMessage(BaseModel):
+    """A message of an answer's own ``input``: given inline, or a conversation item's id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role = "user"
+    text: str | None = Field(None, max_length=20_000)
+    item_id: str | None = Field(None, max_length=256)  # a reference: the item's content
+
+
 class AnswerRequest(Command):
-    """Answer now. ``instructions`` replace the system prompt for this answer only."""
+    """Answer now. ``instructions`` replace the system prompt for this answer only.
+
+    ``exclusive``: refused while an answer runs (else it interrupts it, as ``video.query``);
+    ``in_conversation`` false: answered over the conversation, but neither uses up its
+    pending inputs nor joins it; ``input``: the answer's whole context instead of the
+    conversation (its text messages; the frames it names, else the buffered ones);
+    ``metadata``: echoed with the answer."""
 
     type: Literal["core.answer_request"] = "core.answer_request"
     instructions: str | None = Field(None, max_length=20_000)
     modalities: list[Literal["text", "audio"]] | None = None
     max_tokens: int | None = Field(None, ge=1)
+    exclusive: bool = False
+    in_conversation: bool = True
+    input: list[InputMessage] | None = Field(None, max_length=64)
+    metadata: dict[str, str] | None = None
+
+
+class CancelRequest(Command):
+    """Stop the running answer; ``response_cancel_not_active`` when none runs."""
+
+    type: Literal["core.cancel_request"] = "core.cancel_request"
 
 
 # --------------------------------------------------------------------------- events
@@ -97,14 +160,20 @@ class ConfigUpdated(ServerEvent):
     type: Literal["core.config_updated"] = "core.config_updated"
     config: dict[str, Any]
     notes: list[str] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list)  # parts of the update not applied, and why
 
 
 class InputAdded(ServerEvent):
+    """An item joined the conversation after ``previous_item_id`` (None: first); ``at_end``:
+    it is the conversation's newest item (else it was put before others)."""
+
     type: Literal["core.input_added"] = "core.input_added"
     item_id: str
     role: Role
     text: str | None = None
     audio_ms: float | None = None
+    previous_item_id: str | None = None
+    at_end: bool = True
 
 
 class AudioCommitted(ServerEvent):
@@ -134,12 +203,24 @@ class ItemDeleted(ServerEvent):
 
 
 class ItemRetrieved(ServerEvent):
-    """An item as the core holds it: a frame (``image`` as a data URL), or an input."""
+    """An item as the core holds it: a frame (``image`` as a data URL), an input, or a
+    message of the conversation (an assistant's: ``text``, and ``audio_ms`` when spoken)."""
 
     type: Literal["core.item_retrieved"] = "core.item_retrieved"
     item_id: str
     role: Role
-    kind: Literal["image", "input"]
+    kind: Literal["image", "input", "message"]
     text: str | None = None
     image: str | None = None
     audio_ms: float | None = None
+
+
+class ItemTruncated(ServerEvent):
+    type: Literal["core.item_truncated"] = "core.item_truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class OutputAudioCleared(ServerEvent):
+    type: Literal["core.output_audio_cleared"] = "core.output_audio_cleared"

@@ -7,6 +7,7 @@ client gets a generic message.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -37,6 +38,11 @@ class ErrorCode(StrEnum):
     UNKNOWN_WATCH = "unknown_watch"
     TOO_MANY_WATCHES = "too_many_watches"
     TOO_MANY_MESSAGES = "too_many_messages"
+    DUPLICATE_ITEM_ID = "duplicate_item_id"
+    INVALID_TRUNCATE = "invalid_truncate"
+    #: OpenAI Realtime's own codes, which its clients act on (one answer at a time).
+    CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"
+    RESPONSE_CANCEL_NOT_ACTIVE = "response_cancel_not_active"
 
 
 #: Codes after which the server closes the connection.
@@ -66,6 +72,15 @@ CLOSE_CODES = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The client event a command or an error comes from: its ``event_id`` (None when the
+    client gave none) and its wire ``type``."""
+
+    event_id: str | None
+    event_type: str
+
+
 class SessionError(Exception):
     """A problem the client should hear about, with a stable code and a safe message."""
 
@@ -77,6 +92,8 @@ class SessionError(Exception):
         self.message = message
         self.frame_id = frame_id
         self.retry_after_ms = retry_after_ms  # ``rate_limited``: when the client may send again
+        self.origin: Origin | None = None  # the client event it answers (set where the event is known)
+        self.wire_code: str | None = None  # a codec's own code for it, set by the codec that parsed the event
 
     @property
     def closes_session(self) -> bool:

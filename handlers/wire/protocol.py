@@ -8,7 +8,7 @@ Client -> server (JSON text messages, each an object with a ``type``):
                      frame_timestamps, prefix_warmup, resume_token
                      (aliases: num_sample_frames, evs_enabled, evs_threshold)
     video.frame      data (base64 JPEG/PNG/WebP), frame_id, pts_ms, source_pts_ms,
-                     capture_ts_ms, quality_profile
+                     capture_ts_ms, quality_profile, detail (low / high / auto)
     audio.chunk      data (base64 PCM16 LE, 16 kHz, mono)
     video.query      text, audio_data
     response.cancel  stop the running answer
@@ -47,6 +47,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     TypeAdapter,
     ValidationError,
     computed_field,
@@ -54,7 +55,7 @@ from pydantic import (
     model_validator,
 )
 
-from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.errors import ErrorCode, Origin, SessionError
 
 #: A frame id: a short string or a 64-bit integer (it is echoed in acks and errors).
 FrameId = Annotated[str, Field(max_length=256)] | Annotated[int, Field(ge=-(2**63), lt=2**63)]
@@ -70,6 +71,9 @@ _STRICT = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=Fal
 
 class _ClientEvent(BaseModel):
     model_config = _STRICT
+
+    #: The wire event it was decoded from, when another codec made it (its errors name that event).
+    _origin: Origin | None = PrivateAttr(None)
 
 
 class SamplingConfig(BaseModel):
@@ -237,6 +241,8 @@ class VideoFrame(_ClientEvent):
     source_pts_ms: float | None = None
     capture_ts_ms: float | None = None
     quality_profile: str | None = Field(None, max_length=64)
+    #: ``low``: sent to the model smaller (fewer tokens); ``high`` / ``auto``: at the largest size it takes.
+    detail: Literal["low", "high", "auto"] | None = None
 
 
 class AudioChunkIn(_ClientEvent):
@@ -433,6 +439,10 @@ class ResponseStart(ServerEvent):
     trigger: ResponseTrigger | None = None
     #: The answer's output modalities: for other codecs; v1 announces them in session.ready.
     modalities: list[str] = Field(default_factory=lambda: ["text"], exclude=True)
+    #: For other codecs: the conversation item the answer becomes, and the client's metadata.
+    item_id: str | None = Field(None, exclude=True)
+    metadata: dict[str, str] | None = Field(None, exclude=True)
+    in_conversation: bool = Field(True, exclude=True)  # false: out of band, it joins no conversation
 
 
 class ResponseTextDelta(ServerEvent):
@@ -595,10 +605,18 @@ class ErrorEvent(ServerEvent):
     frame_id: FrameId | None = None
     closes_session: bool = False
     retry_after_ms: int | None = None  # ``rate_limited``: wait this long before sending control again
+    #: For other codecs: the client event the error answers (its id and wire type).
+    origin: Origin | None = Field(None, exclude=True)
+    wire_code: str | None = Field(None, exclude=True)  # that codec's own code for it, when it has one
 
 
 class Pong(ServerEvent):
     type: Literal["pong"] = "pong"
+
+
+def origin_of(event: object) -> Origin | None:
+    """The wire event a client event or core command was decoded from (None for v1's own)."""
+    return getattr(event, "_origin", None)
 
 
 def encode(event: ServerEvent) -> str:

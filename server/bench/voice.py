@@ -181,7 +181,7 @@ async def stage_latencies(word_s: float = 0.03) -> list[float]:
     synth = EspeakSynthesizer()
     await synth.start()
 
-    async def deliver(wav: bytes) -> None:
+    async def deliver(wav: bytes, sentence: str) -> None:
         pass
 
     async def report(error: object) -> None:

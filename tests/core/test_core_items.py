@@ -145,7 +145,8 @@ def test_frames_are_items_that_can_be_retrieved_and_deleted() -> None:
 
 def test_config_update_changes_what_can_change() -> None:
     """An update keeps model and prefix_warmup (with a note), applies the rest, caps tokens,
-    turns turn detection on, and rejects an invalid value without changing anything."""
+    turns turn detection on, and refuses an invalid value alone: the valid parts of the same
+    update are applied, and one error lists what was not."""
     core = _core()
     [updated] = core.apply(ConfigUpdate(changes={
         "system_prompt": "new", "max_frames": 3, "prefix_warmup": False, "sampling": {"max_tokens": 500},
@@ -155,9 +156,10 @@ def test_config_update_changes_what_can_change() -> None:
     assert updated.config["prefix_warmup"] is True and updated.config["sampling"]["max_tokens"] == 64
     assert any("prefix_warmup" in note for note in updated.notes)
     assert core.detector is not None and core.buffer.max_frames == 3
-    with pytest.raises(SessionError) as err:
-        core.apply(ConfigUpdate(changes={"num_frames": 0}))
-    assert err.value.code is ErrorCode.INVALID_MESSAGE and core.config.num_frames == 4
+    updated, error = core.apply(ConfigUpdate(changes={"num_frames": 0, "system_prompt": "newer"}, refused=["x: bad"]))
+    assert updated.config["system_prompt"] == "newer" and core.config.num_frames == 4
+    assert updated.refused[0] == "x: bad" and updated.refused[1].startswith("num_frames")
+    assert error.type == "error" and error.code == "invalid_message" and "num_frames" in error.message
 
 
 def test_g711_round_trip_and_24khz_input() -> None:

@@ -209,7 +209,7 @@ def test_eviction_folds_old_turns_into_bounded_text() -> None:
     assert [t.role for t in prompt.turns] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert prompt.turns[1].segments == (TextSegment("q1"),)
     timeline = Timeline(num_frames=4, max_history_turns=4, max_history_tokens=15)
-    timeline.turns = [TimelineTurn([], "q", "x" * 40), TimelineTurn([], "r", "y" * 8)]
+    timeline.turns = [TimelineTurn.of([], "q", "x" * 40), TimelineTurn.of([], "r", "y" * 8)]
     timeline.forget_evicted()
     assert [e.question for e in timeline.history] == ["r"]
 
