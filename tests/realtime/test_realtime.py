@@ -160,7 +160,7 @@ async def test_filtered_and_evicted_frames_leave_the_conversation(server: Runnin
         third = await rt.until("conversation.item.deleted")
         assert third[-1]["item_id"] == "a"
         await rt.conn.conversation.item.retrieve(item_id="a")
-        assert (await rt.until("error"))[-1]["error"]["code"] == "item_not_found"
+        assert (await rt.until("error"))[-1]["error"]["code"] == "item_retrieve_invalid_item_id"
 
 
 async def test_cancel_ends_the_response_as_cancelled(server: RunningServer) -> None:
@@ -315,8 +315,9 @@ async def test_server_vad_without_create_response_waits_for_response_create(serv
         assert kinds(answer).count("response.created") == 1
         assert answer[-1]["response"]["status"] in {"completed", "incomplete"}
         assert answer[-1]["response"]["usage"]["input_token_details"]["audio_tokens"] > 0  # its words were spoken
-        await rt.conn.conversation.item.retrieve(item_id=item)  # the answer used it up
-        assert (await rt.until("error"))[-1]["error"]["code"] == "item_not_found"
+        await rt.conn.conversation.item.retrieve(item_id=item)  # the question is in the timeline now
+        retrieved = (await rt.until("conversation.item.retrieved"))[-1]["item"]
+        assert retrieved["role"] == "user" and retrieved["content"][0]["text"] == events[-1]["transcript"]
 
 
 async def test_server_vad_without_interrupt_response_lets_the_answer_go_on(server: RunningServer) -> None:
@@ -352,26 +353,30 @@ async def test_server_vad_without_interrupt_response_lets_the_answer_go_on(serve
 
 
 async def test_bad_events_get_realtime_errors_and_the_session_goes_on(server: RunningServer) -> None:
-    """Invalid JSON, an unknown type, a bad field, an item that is not there and a non-data
-    image URL each get an error event of the Realtime shape; the session then still answers."""
+    """Invalid JSON, an unknown type, a missing field, an item that is not there and a non-data
+    image URL each get an error event of the Realtime shape, with OpenAI's code where it has
+    one and the failed event's event_id; the session then still answers."""
     async with realtime(server) as rt:
         await rt.send_raw("{not json")
         error = (await rt.until("error"))[-1]["error"]
         assert error["type"] == "invalid_request_error" and error["code"] == "invalid_json"
         await rt.send_raw(json.dumps({"type": "bogus.event", "event_id": "evt_1"}))
         error = (await rt.until("error"))[-1]["error"]
-        assert error["code"] == "unknown_type" and error["event_id"] == "evt_1"
+        assert error["code"] == "invalid_value" and error["event_id"] == "evt_1"
         await rt.send_raw(json.dumps({"type": "conversation.item.delete", "event_id": "evt_2"}))
         error = (await rt.until("error"))[-1]["error"]
-        assert error["code"] == "invalid_message" and error["event_id"] == "evt_2" and "item_id" in error["message"]
-        await rt.conn.conversation.item.delete(item_id="nope")
-        assert (await rt.until("error"))[-1]["error"]["code"] == "item_not_found"
+        assert error["code"] == "missing_required_parameter" and error["event_id"] == "evt_2"
+        assert "item_id" in error["message"]
+        await rt.conn.conversation.item.delete(item_id="nope", event_id="evt_3")
+        error = (await rt.until("error"))[-1]["error"]
+        assert error["code"] == "item_delete_invalid_item_id" and error["event_id"] == "evt_3"
         await rt.conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.jpg"}]}
         )
         assert (await rt.until("error"))[-1]["error"]["code"] == "invalid_image"
-        await rt.conn.response.create()
-        assert (await rt.until("error"))[-1]["error"]["code"] == "no_frames"
+        await rt.conn.response.create(event_id="evt_4")
+        error = (await rt.until("error"))[-1]["error"]
+        assert error["code"] == "no_frames" and error["event_id"] == "evt_4"
         await rt.add_image(7, item_id="img7")
         await rt.conn.conversation.item.retrieve(item_id="img7")
         item = (await rt.until("conversation.item.retrieved"))[-1]["item"]
