@@ -118,7 +118,7 @@ def _example(
     if split:
         earlier = _run(rng, clips, split)
         question, answer, _ = _question(rng, str(rng.choice(["naming", "yes", "no"])), earlier[-1].colour)
-        turns.append(TimelineTurn(_session_frames(earlier, times), question, answer_text(answer, family)))
+        turns.append(TimelineTurn.of(_session_frames(earlier, times), question, answer_text(answer, family)))
         times = times[len(earlier):]
     if rng.random() < 0.15:
         question, answer, _ = _question(rng, str(rng.choice(["naming", "yes", "no"])), str(rng.choice(COLOURS)))
