@@ -27,8 +27,9 @@ from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import Observers
 from handlers.wire.protocol import ErrorEvent
 from handlers.session.resume import ParkedSession, ParkingLot, digest
-from handlers.wire.codec import V1Codec, WireCodec
+from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.realtime import RealtimeCodec
+from handlers.live import LiveCodec
 from handlers.session.adapter import Session
 from handlers.session.transport import Disconnected
 from server.auth import AccessPolicy, client_key, warn_if_open
@@ -47,6 +48,13 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 WS_PATH = "/v1/video/chat/stream"
 REALTIME_PATH = "/v1/realtime"  # OpenAI Realtime (GA shape) over the same session core
+#: Gemini Live, at the paths the google-genai SDK opens (API versions v1, v1beta, v1alpha;
+#: ``Constrained`` is its ephemeral-token method).
+LIVE_PATHS = tuple(
+    f"/ws/google.ai.generativelanguage.{version}.GenerativeService.{method}"
+    for version in ("v1", "v1beta", "v1alpha")
+    for method in ("BidiGenerateContent", "BidiGenerateContentConstrained")
+)
 
 
 class WebSocketTransport:
@@ -72,10 +80,10 @@ class WebSocketTransport:
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:
             raise Disconnected from exc
 
-    async def close(self, code: int = 1000) -> None:
+    async def close(self, code: int = 1000, reason: str = "") -> None:
         if self.ws.application_state is WebSocketState.CONNECTED:
             try:
-                await self.ws.close(code)
+                await self.ws.close(code, reason or None)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 pass  # the client closed first
 
@@ -144,7 +152,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             # a decode or model thread to yield, by default up to 5 ms: that wait was most of
             # the ack latency under load. 0.5 ms keeps the loop responsive.
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-            log.info("livesight ready on ws://%s:%s%s", settings.host, settings.port, WS_PATH)
+            scheme = "wss" if settings.ssl_certfile else "ws"
+            log.info("livesight ready on %s://%s:%s%s", scheme, settings.host, settings.port, WS_PATH)
             async with anyio.create_task_group() as tg:
                 if settings.resume_grace_s > 0:
                     tg.start_soon(sweep_parked)
@@ -211,6 +220,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def realtime(ws: WebSocket) -> None:
         await serve(ws, RealtimeCodec(ws.query_params.get("model")), "realtime")
 
+    async def gemini_live(ws: WebSocket) -> None:
+        await serve(ws, LiveCodec(), "gemini_live")
+
+    for path in LIVE_PATHS:
+        app.add_api_websocket_route(path, gemini_live)
+
     async def serve(ws: WebSocket, codec: WireCodec, protocol: str) -> None:
         """One session over ``ws``, speaking the wire protocol of ``codec``."""
         async with admission.setting_up():
@@ -250,6 +265,9 @@ async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str, 
     try:
         for text in codec.encode(ErrorEvent(code=code.value, message=message, closes_session=True)):
             await transport.send(text)
+    except CloseConnection as close:  # a protocol that says it with the close itself
+        await transport.close(close.code, close.reason)
+        return
     except Disconnected:
         return
     await transport.close(CLOSE_CODES[code])

@@ -4,7 +4,9 @@ Both are off by default. With ``api_keys`` set, a client presents one of them as
 ``Authorization: Bearer KEY``, ``X-API-Key: KEY``, a WebSocket subprotocol
 ``livesight.api-key.KEY`` (browsers cannot set headers on a WebSocket; offer it beside
 ``livesight.v1``, which the server then selects) or ``?api_key=KEY`` (simplest for a browser
-page, but the key lands in access logs). Keys are compared in constant time. With
+page, but the key lands in access logs). Gemini Live clients send theirs as
+``x-goog-api-key: KEY`` (ephemeral tokens: ``Authorization: Token KEY``), ``?key=KEY`` or
+``?access_token=KEY``. Keys are compared in constant time. With
 ``allowed_origins`` set, a browser whose ``Origin`` is not listed is refused; clients that
 send no ``Origin`` (anything but a browser) are not affected, which is what the header is for.
 """
@@ -94,15 +96,16 @@ def client_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocol
 def _presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
+    if scheme.lower() in {"bearer", "token"} and token.strip():
         return token.strip()
-    if headers.get("x-api-key"):
-        return headers["x-api-key"].strip()
+    for name in ("x-api-key", "x-goog-api-key"):
+        if headers.get(name):
+            return headers[name].strip()
     for proto in subprotocols:
         for prefix in (KEY_SUBPROTOCOL_PREFIX, REALTIME_KEY_SUBPROTOCOL_PREFIX):
             if proto.startswith(prefix):
                 return proto[len(prefix) :]
-    return query.get("api_key") or None
+    return query.get("api_key") or query.get("key") or query.get("access_token") or None
 
 
 def _choose_subprotocol(offered: Sequence[str]) -> str | None:

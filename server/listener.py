@@ -160,5 +160,18 @@ def uvicorn_config(
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=settings.ws_ping_timeout_s,
         ws_per_message_deflate=settings.ws_compression,
+        **_tls(settings),
         **extra,
     )
+
+
+def _tls(settings: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options from the settings (none without ``ssl_certfile``)."""
+    if settings.ssl_certfile is None:
+        return {}
+    password = settings.ssl_keyfile_password
+    return {
+        "ssl_certfile": str(settings.ssl_certfile),
+        "ssl_keyfile": str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        "ssl_keyfile_password": password.get_secret_value() if password else None,
+    }

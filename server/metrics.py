@@ -32,7 +32,7 @@ from handlers.wire.protocol import (
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-PROTOCOLS = ("video_chat", "realtime")
+PROTOCOLS = ("video_chat", "realtime", "gemini_live")
 FRAME_OUTCOMES: tuple[FrameOutcome, ...] = ("accepted", "filtered", "evicted", "shed", "invalid")
 ANSWER_STATUSES = ("completed", "interrupted", "failed")
 #: Error codes that mean a frame was refused (counted as frames with outcome ``invalid`` too).

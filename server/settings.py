@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -156,6 +156,12 @@ class Settings(BaseSettings):
         30.0, gt=0, description="a client that reads nothing this long while the server has events for it is "
         "disconnected with close code 1008"
     )
+    ssl_certfile: Path | None = Field(
+        None, description="TLS certificate chain (PEM): serve https and wss on every endpoint (none: plain ws); "
+        "the google-genai Live client connects only with TLS"
+    )
+    ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM) for ssl_certfile")
+    ssl_keyfile_password: SecretStr | None = Field(None, description="password of an encrypted ssl_keyfile")
     ws_ping_interval_s: float = Field(20.0, gt=0, description="WebSocket keepalive ping interval")
     ws_ping_timeout_s: float = Field(
         60.0, gt=0, description="close a connection whose keepalive ping gets no pong this long (close code 1011)"
@@ -178,7 +184,11 @@ class Settings(BaseSettings):
     )
     enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs or compilation (starts faster, runs slower)")
     max_images_per_prompt: int = Field(
-        64, ge=1, le=256, description="vLLM: most frames one prompt may carry (its limit_mm_per_prompt)"
+        64, ge=1, le=256,
+        description=(
+            "most frames one prompt may carry: vLLM's limit_mm_per_prompt; for engine=openai the remote "
+            "server's (its --limit-mm-per-prompt). A session's max_frames is capped to it"
+        ),
     )
     vllm_args: Annotated[dict[str, Any], NoDecode] = Field(
         default_factory=dict, description='vLLM: any other engine arguments as JSON, e.g. {"max_num_seqs": 32}'
@@ -264,6 +274,12 @@ class Settings(BaseSettings):
                 return json.loads(value)
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if self.ssl_certfile is None and (self.ssl_keyfile is not None or self.ssl_keyfile_password is not None):
+            raise ValueError("ssl_keyfile and ssl_keyfile_password need ssl_certfile")
+        return self
 
     @field_validator("vllm_args", mode="before")
     @classmethod

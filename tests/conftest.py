@@ -51,6 +51,7 @@ TIERS: dict[str, str] = {
     "session/test_intake.py": "core",  # budgets, admission, the decode pool: no session at all
     "session/test_resume.py": "socket",
     "realtime": "socket",
+    "live": "socket",
     "server": "socket",
     "server/test_docs.py": "core",
     "server/test_memory.py": "core",

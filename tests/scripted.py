@@ -160,7 +160,7 @@ class MemoryTransport:
             raise Disconnected
         await self._server_out.send(text)
 
-    async def close(self, code: int = 1000) -> None:
+    async def close(self, code: int = 1000, reason: str = "") -> None:
         if self.closed_with is None:
             self.closed_with = code
             self._server_out.close()

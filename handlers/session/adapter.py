@@ -41,7 +41,7 @@ from anyio.abc import TaskGroup
 
 from handlers.session import log_context
 from server import blocking
-from handlers.wire.codec import V1Codec, WireCodec
+from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
 from handlers.core.session_core import (
     opening_config,
@@ -322,9 +322,22 @@ class Session:
     # ------------------------------------------------------------------ errors and sending
     async def send(self, event: ServerEvent) -> None:
         async with self._send_lock:
-            for text in self.codec.encode(event):
+            try:
+                texts = self.codec.encode(event)
+            except CloseConnection as close:  # a protocol whose only answer to this is a close
+                await self._close_for(close)
+            for text in texts:
                 await self.transport.send(text)
         self.observer.sent(event)
+
+    async def _close_for(self, close: CloseConnection) -> None:
+        """Close with the codec's code and reason; the session ends for good (it is not parked)."""
+        log.info("closing: %s (%d)", close.reason, close.code)
+        self.close_code = close.code
+        if self.core.phase is not Phase.CLOSED:
+            self.core.move_to(Phase.CLOSED)
+        await self.transport.close(close.code, close.reason)
+        raise Disconnected(close.code)
 
     async def _send_all(self, events: list[ServerEvent]) -> None:
         for event in events:

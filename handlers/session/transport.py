@@ -22,6 +22,6 @@ class Transport(Protocol):
         """Send one text message. Raises ``Disconnected``."""
         ...
 
-    async def close(self, code: int = 1000) -> None:
-        """Close the connection (idempotent)."""
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Close the connection with ``code`` and ``reason`` (idempotent)."""
         ...

@@ -8,7 +8,7 @@ synthetic ``SessionConfig``). A codec translates only: frames, turns and answers
 core's.
 
 ``V1Codec`` is protocol v1 (``protocol.py``) as it is. The OpenAI Realtime codec lives in
-``handlers/realtime/``.
+``handlers/realtime/``, the Gemini Live codec in ``handlers/live/``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class WireCodec(Protocol):
         ...
 
     def encode(self, event: ServerEvent) -> list[str]:
-        """One core server event as the messages to send (possibly none)."""
+        """One core server event as the messages to send (possibly none). Raises
+        ``CloseConnection`` when the protocol answers the event by closing."""
         ...
 
 
@@ -58,3 +59,14 @@ class V1Codec:
         if event.type.startswith("core."):
             return []  # a core event v1 has no message for (a held spoken turn's words)
         return [encode(event)]
+
+
+class CloseConnection(Exception):
+    """Raised by a codec's ``encode`` for an event its protocol can only answer by closing
+    the connection (a protocol with no error event): the session closes with ``code`` and
+    ``reason`` (at most 123 bytes of UTF-8)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason

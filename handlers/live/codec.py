@@ -1,0 +1,432 @@
+"""The Live codec: Gemini Live (``BidiGenerateContent``) messages <-> the session core's events.
+
+It translates and keeps only what translation needs: the choices ``setup`` made about what
+to send (transcriptions, resumption updates), the running answer's output modality, and a
+counter of client messages (a frame's id is its message's index). Frames, audio, turn
+detection, turns, answers, resume and drain are the core's and the adapter's.
+
+How the core shows up on this protocol, which has no error event and no per-frame acks:
+
+- ``setup`` is the core's ``session.config``; ``session.ready`` is ``setupComplete`` (then a
+  ``sessionResumptionUpdate`` with the resume token as its handle, when ``setup`` asked for
+  resumption);
+- ``realtimeInput.video`` is a ``video.frame``; ``audio`` an ``audio.chunk`` (resampled to
+  16 kHz); ``text`` and ``clientContent`` with ``turnComplete`` a ``video.query``;
+  ``activityStart`` clears the buffered audio (and stops the running answer, unless
+  ``NO_INTERRUPTION``); ``activityEnd`` asks the buffered audio as the question;
+- an answer is ``serverContent.modelTurn`` parts (text, or ``audio/pcm;rate=24000`` with the
+  words as ``outputTranscription``), then ``generationComplete``, then ``turnComplete`` with
+  ``usageMetadata``; an interrupted answer ends with ``interrupted``;
+- ``session.closing`` (a drain) is ``goAway`` with the time left;
+- an ``error`` either closes the connection with a close code and a reason (``CloseConnection``)
+  or, for media the session can do without, is logged and skipped: ``CLOSES`` says which.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import logging
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from handlers.live import messages as live
+from handlers.media.preparation import decode_base64
+from handlers.wire.codec import CloseConnection, CoreInput
+from handlers.wire.commands import ClearAudio, UserInput
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.protocol import (
+    AudioChunkIn,
+    ErrorEvent,
+    FrameAck,
+    InputAudioTranscript,
+    ResponseAudioDelta,
+    ResponseCancel,
+    ResponseDone,
+    ResponseStart,
+    ResponseTextDelta,
+    ServerEvent,
+    SessionClosing,
+    SessionConfig,
+    SessionReady,
+    VideoFrame,
+    VideoQuery,
+    describe_validation_error,
+)
+from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, parse_wav, resample
+
+log = logging.getLogger("livesight.live")
+
+#: The error codes that close a Live connection, with the close code (the SDK raises each as
+#: ``APIError``). The others are logged and the session goes on (``SKIPPED``).
+CLOSES: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_CONFIG: 1007,
+    ErrorCode.INVALID_JSON: 1007,
+    ErrorCode.INVALID_MESSAGE: 1007,
+    ErrorCode.UNKNOWN_TYPE: 1008,
+    ErrorCode.CONFIG_TIMEOUT: 1008,
+    ErrorCode.RESUME_FAILED: 1008,
+    ErrorCode.UNAUTHORIZED: 1008,
+    ErrorCode.FORBIDDEN_ORIGIN: 1008,
+    ErrorCode.TOO_MANY_MESSAGES: 1008,
+    ErrorCode.TOO_MANY_SESSIONS: 1013,
+    ErrorCode.SERVER_CLOSING: 1012,
+    ErrorCode.IDLE_TIMEOUT: 1000,
+    ErrorCode.ENGINE_ERROR: 1011,
+    ErrorCode.INTERNAL_ERROR: 1011,
+    ErrorCode.TRANSCRIPTION_FAILED: 1011,
+}
+#: Skipped with a log line: a frame or an audio chunk the session goes on without, a message
+#: dropped by the rate limit, speech that failed (the answer's words still come as text).
+SKIPPED = frozenset(
+    {ErrorCode.INVALID_IMAGE, ErrorCode.FRAME_TOO_LARGE, ErrorCode.INVALID_AUDIO, ErrorCode.AUDIO_OVERFLOW,
+     ErrorCode.RATE_LIMITED, ErrorCode.SPEECH_FAILED}
+)
+#: A close reason is at most 123 bytes (RFC 6455).
+MAX_REASON_BYTES = 123
+IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/webp"})
+#: What ``livesight`` in ``setup`` may set: the ``session.config`` fields Live has no name for.
+LIVESIGHT_FIELDS = frozenset(
+    {"num_frames", "max_frames", "enable_frame_filter", "frame_filter_threshold", "frame_timestamps",
+     "prefix_warmup", "use_audio_in_video", "speech_rate", "watches"}
+)
+#: The longest question (``video.query``'s limit).
+MAX_QUESTION_CHARS = 20_000
+#: The most ``maxOutputTokens`` the core takes (it lowers it further to the server's limit).
+MAX_OUTPUT_TOKENS = 4096
+_SENSITIVITY = {"START_SENSITIVITY_HIGH": 0.3, "START_SENSITIVITY_LOW": 0.7}
+_MODALITY = {"text_tokens": "TEXT", "image_tokens": "IMAGE", "audio_tokens": "AUDIO"}
+
+
+def standard_base64(data: str) -> str:
+    """Base64 in either alphabet, padded or not, as standard padded base64 (the core's)."""
+    if "-" in data or "_" in data:
+        data = data.replace("-", "+").replace("_", "/")
+    if len(data) % 4:
+        data += "=" * (-len(data) % 4)
+    return data
+
+
+def audio_rate(mime_type: str | None) -> int:
+    """The sample rate of a Live audio blob (``audio/pcm;rate=16000``; no rate: 16 kHz).
+    Raises ``invalid_audio`` for another type or a rate outside 8-48 kHz."""
+    kind, _, params = (mime_type or "audio/pcm").partition(";")
+    if kind.strip().lower() not in {"audio/pcm", "audio/l16"}:
+        raise SessionError(ErrorCode.INVALID_AUDIO, f"audio must be audio/pcm (16-bit little-endian), not {kind[:40]!r}")
+    rate = INPUT_RATE
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "rate":
+            if not value.strip().isdigit() or not 8000 <= int(value) <= 48000:
+                raise SessionError(ErrorCode.INVALID_AUDIO, "audio rate must be 8000-48000 Hz")
+            rate = int(value)
+    return rate
+
+
+def _reason(text: str) -> str:
+    raw = text.encode("utf-8")[:MAX_REASON_BYTES]
+    return raw.decode("utf-8", "ignore")
+
+
+def _duration(ms: float) -> str:
+    """Milliseconds as a proto3 JSON duration (``"12.5s"``)."""
+    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+
+
+class LiveCodec:
+    """One Live connection's translation (a ``WireCodec``)."""
+
+    #: The buffered microphone audio becomes a question when it is asked (``activityEnd``)
+    #: or ends (turn detection), so it is transcribed while it arrives.
+    commits_audio = False
+
+    def __init__(self, path_model: str | None = None) -> None:
+        self._prefix = uuid.uuid4().hex[:6]  # frame ids stay unique in a resumed session
+        self._index = itertools.count()  # client messages, setup = 0
+        self._configured = False
+        self._resumption = False
+        self._transparent = False
+        self._handle: str | None = None
+        self._input_words = False  # inputAudioTranscription asked
+        self._output_words = False  # outputAudioTranscription asked
+        self._interrupts = True  # activityStart stops the running answer
+        self._manual = False  # automatic activity detection disabled: activityStart/End
+        self._audio_answer = False  # the running answer speaks
+        self._path_model = path_model
+
+    # ------------------------------------------------------------------ connect
+    def opening(self) -> list[CoreInput]:
+        """The first message must be ``setup``."""
+        return []
+
+    # ------------------------------------------------------------------ client -> core
+    def decode(self, raw: str | bytes) -> list[CoreInput]:
+        index = next(self._index)
+        if not self._configured:
+            try:
+                message = live.parse_client_message(raw)
+                if message.setup is None:
+                    raise SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be setup, not {message.kind()}")
+                config = self._setup(message.setup)
+            except SessionError as exc:
+                if exc.code is ErrorCode.INVALID_CONFIG:
+                    raise
+                raise SessionError(ErrorCode.INVALID_CONFIG, f"setup: {exc.message}") from None
+            self._configured = True
+            return [config]
+        message = live.parse_client_message(raw)
+        if message.setup is not None:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, "setup was already sent: a session takes one setup")
+        if message.tool_response is not None:
+            raise SessionError(ErrorCode.UNKNOWN_TYPE, "toolResponse: this server makes no tool calls")
+        if message.realtime_input is not None:
+            return self._realtime(message.realtime_input, index)
+        assert message.client_content is not None
+        return self._content(message.client_content, index)
+
+    def _setup(self, setup: live.Setup) -> SessionConfig:
+        if setup.tools:
+            raise SessionError(ErrorCode.INVALID_CONFIG, "tools (function calling, search, code) are not supported")
+        gen = setup.generation_config or live.GenerationConfig()
+        modalities = gen.response_modalities or ["AUDIO"]
+        if len(set(modalities)) > 1:
+            raise SessionError(ErrorCode.INVALID_CONFIG, "responseModalities takes one of TEXT or AUDIO")
+        sampling: dict[str, Any] = {}
+        if gen.temperature is not None:
+            sampling["temperature"] = gen.temperature
+        if gen.top_p is not None:
+            sampling["top_p"] = gen.top_p
+        if gen.seed is not None:
+            sampling["seed"] = gen.seed
+        if gen.max_output_tokens is not None:
+            sampling["max_tokens"] = min(gen.max_output_tokens, MAX_OUTPUT_TOKENS)
+        voice = None
+        if gen.speech_config and gen.speech_config.voice_config and gen.speech_config.voice_config.prebuilt_voice_config:
+            voice = gen.speech_config.voice_config.prebuilt_voice_config.voice_name
+        fields: dict[str, Any] = {
+            "model": setup.model or self._path_model,
+            "modalities": ["text", "audio"] if modalities == ["AUDIO"] else ["text"],
+            "system_prompt": _instruction(setup.system_instruction),
+            "voice": voice,
+            "turn_detection": self._turn_detection(setup.realtime_input_config),
+        }
+        if sampling:
+            fields["sampling"] = sampling
+        extra = setup.livesight or {}
+        unknown = sorted(set(extra) - LIVESIGHT_FIELDS)
+        if unknown:
+            raise SessionError(ErrorCode.INVALID_CONFIG, f"livesight: unknown fields {', '.join(unknown)[:80]}")
+        if extra.get("watches") and not (setup.proactivity and setup.proactivity.proactive_audio):
+            raise SessionError(ErrorCode.INVALID_CONFIG, "livesight.watches speak unasked: set proactivity.proactiveAudio")
+        fields.update(extra)
+        resumption = setup.session_resumption
+        if resumption is not None:
+            self._resumption = True
+            self._transparent = bool(resumption.transparent)
+            fields["resume_token"] = resumption.handle or None
+        self._input_words = setup.input_audio_transcription is not None
+        self._output_words = setup.output_audio_transcription is not None
+        try:
+            return SessionConfig.model_validate(fields)
+        except ValidationError as exc:
+            raise SessionError(ErrorCode.INVALID_CONFIG, describe_validation_error(exc)) from None
+
+    def _turn_detection(self, config: live.RealtimeInputConfig | None) -> dict[str, Any] | None:
+        config = config or live.RealtimeInputConfig()
+        self._interrupts = config.activity_handling != "NO_INTERRUPTION"
+        aad = config.automatic_activity_detection or live.AutomaticActivityDetection()
+        self._manual = bool(aad.disabled)
+        if self._manual:
+            return None
+        vad: dict[str, Any] = {"interrupt_response": self._interrupts}
+        if aad.start_of_speech_sensitivity in _SENSITIVITY:
+            vad["threshold"] = _SENSITIVITY[aad.start_of_speech_sensitivity]
+        if aad.silence_duration_ms is not None:
+            vad["silence_ms"] = aad.silence_duration_ms
+        if aad.prefix_padding_ms is not None:
+            vad["prefix_padding_ms"] = aad.prefix_padding_ms
+        return vad
+
+    def _realtime(self, event: live.RealtimeInput, index: int) -> list[CoreInput]:
+        given = [name for name in type(event).model_fields if getattr(event, name) is not None]
+        if len(given) != 1:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, "realtimeInput holds exactly one input")
+        if event.video is not None:
+            return [self._blob(event.video, f"{self._prefix}.{index}")]
+        if event.audio is not None:
+            return [self._blob(event.audio, None)]
+        if event.media_chunks is not None:
+            return [self._blob(blob, f"{self._prefix}.{index}.{n}") for n, blob in enumerate(event.media_chunks)]
+        if event.text is not None:
+            return [VideoQuery(type="video.query", text=event.text)]
+        if event.activity_start is not None or event.activity_end is not None:
+            if not self._manual:
+                raise SessionError(
+                    ErrorCode.INVALID_MESSAGE,
+                    "activityStart/activityEnd need realtimeInputConfig.automaticActivityDetection.disabled",
+                )
+            if event.activity_end is not None:
+                return [VideoQuery(type="video.query", text="")]  # the audio since activityStart is the question
+            stop = [ResponseCancel(type="response.cancel")] if self._interrupts else []
+            return [*stop, ClearAudio()]
+        return []  # audioStreamEnd: nothing is waiting on the stream (see docs/gemini-live.md)
+
+    def _blob(self, blob: live.Blob, frame_id: str | None) -> CoreInput:
+        """An image blob as a frame (``frame_id``), an audio blob as microphone audio (16 kHz)."""
+        mime = (blob.mime_type or "").lower()
+        if frame_id is not None and not mime.startswith("audio/"):
+            if mime and mime not in IMAGE_TYPES:
+                raise SessionError(ErrorCode.INVALID_IMAGE, f"video must be image/jpeg, image/png or image/webp, not {mime[:40]!r}")
+            return VideoFrame(type="video.frame", data=standard_base64(blob.data), frame_id=frame_id)
+        rate = audio_rate(blob.mime_type)
+        raw = decode_base64(standard_base64(blob.data), ErrorCode.INVALID_AUDIO, "audio")
+        if len(raw) % 2:
+            raise SessionError(ErrorCode.INVALID_AUDIO, "PCM16 audio must have an even number of bytes")
+        if rate != INPUT_RATE:
+            raw = resample(Pcm(raw, rate), INPUT_RATE).samples
+        return AudioChunkIn(type="audio.chunk", data=base64.b64encode(raw).decode("ascii"))
+
+    def _content(self, content: live.ClientContent, index: int) -> list[CoreInput]:
+        out: list[CoreInput] = []
+        texts: list[str] = []
+        for t, turn in enumerate(content.turns or []):
+            if turn.role not in {None, "user"}:
+                raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent turns are the user's, not {turn.role[:20]!r}")
+            for n, part in enumerate(turn.parts):
+                if part.text is not None:
+                    texts.append(part.text)
+                elif part.inline_data is not None:
+                    out.append(self._blob(part.inline_data, f"{self._prefix}.{index}.{t}.{n}"))
+        text = "\n".join(t for t in texts if t)
+        if len(text) > MAX_QUESTION_CHARS:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent: a turn's text is at most {MAX_QUESTION_CHARS} characters")
+        if content.turn_complete:
+            out.append(VideoQuery(type="video.query", text=text))
+        elif text:
+            out.append(UserInput(item_id=f"{self._prefix}.{index}", text=text))  # waits for turnComplete
+        return out
+
+    # ------------------------------------------------------------------ core -> client
+    def encode(self, event: ServerEvent) -> list[str]:
+        return [m.encode() for m in self._encode(event)]
+
+    def _encode(self, event: ServerEvent) -> list[live.ServerMessage]:
+        if isinstance(event, SessionReady):
+            return self._ready(event)
+        if isinstance(event, ResponseStart):
+            self._audio_answer = "audio" in event.modalities
+            return []
+        if isinstance(event, ResponseTextDelta):
+            if not self._audio_answer:
+                return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(text=event.delta)]))]
+            if self._output_words:
+                return [_content(output_transcription=live.Transcription(text=event.delta))]
+            return []
+        if isinstance(event, ResponseAudioDelta):
+            return self._audio(event)
+        if isinstance(event, InputAudioTranscript):
+            if not self._input_words:
+                return []
+            return [_content(input_transcription=live.Transcription(text=event.transcript, finished=True))]
+        if isinstance(event, ResponseDone):
+            return self._done(event)
+        if isinstance(event, FrameAck):
+            return self._frame(event)
+        if isinstance(event, SessionClosing):
+            return [live.ServerMessage(go_away=live.GoAway(time_left=_duration(event.deadline_ms)))]
+        if isinstance(event, ErrorEvent):
+            return self._error(event)
+        return []  # no Live counterpart: frames consumed, speech started/stopped, items, pong
+
+    def _ready(self, event: SessionReady) -> list[live.ServerMessage]:
+        for note in event.notes:
+            log.info("setup: %s", note)
+        if event.config.get("turn_detection") is not None and not event.capabilities.get("turn_detection"):
+            log.warning("setup: automatic activity detection is off on this server (server_vad)")
+        out = [live.ServerMessage(setup_complete=live.SetupComplete(session_id=event.session_id))]
+        self._handle = event.resume_token
+        if self._resumption:
+            out.append(self._resumption_update(None if not event.resumed else event.last_frame_id))
+        return out
+
+    def _resumption_update(self, frame_id: object) -> live.ServerMessage:
+        index = None
+        if self._transparent and isinstance(frame_id, str):
+            index = frame_id.split(".")[1] if "." in frame_id else None
+        return live.ServerMessage(
+            session_resumption_update=live.SessionResumptionUpdate(
+                new_handle=self._handle, resumable=self._handle is not None, last_consumed_client_message_index=index,
+            )
+        )
+
+    def _frame(self, ack: FrameAck) -> list[live.ServerMessage]:
+        if ack.reason == "overloaded":
+            log.info("frame %s shed: the server is overloaded", ack.frame_id)
+        elif self._resumption and self._transparent and isinstance(ack.frame_id, str):
+            if ack.frame_id.startswith(self._prefix):
+                return [self._resumption_update(ack.frame_id)]
+        return []
+
+    def _audio(self, event: ResponseAudioDelta) -> list[live.ServerMessage]:
+        try:
+            pcm = parse_wav(base64.b64decode(event.data))
+        except ValueError as exc:
+            log.warning("engine audio could not be converted: %s", exc)
+            return []
+        if pcm.rate != OUTPUT_RATE:
+            pcm = resample(pcm, OUTPUT_RATE)
+        blob = live.InlineData(mime_type=f"audio/pcm;rate={OUTPUT_RATE}", data=base64.b64encode(pcm.samples).decode("ascii"))
+        return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(inline_data=blob)]))]
+
+    def _done(self, event: ResponseDone) -> list[live.ServerMessage]:
+        usage = _usage(event)
+        if event.status == "completed":
+            return [
+                _content(generation_complete=True),
+                live.ServerMessage(server_content=live.ServerContent(turn_complete=True), usage_metadata=usage),
+            ]
+        if event.status == "interrupted" and event.interrupted_by != "session_end":
+            return [live.ServerMessage(server_content=live.ServerContent(interrupted=True), usage_metadata=usage)]
+        return []  # failed: its error closed the connection; session_end: nobody is listening
+
+    def _error(self, event: ErrorEvent) -> list[live.ServerMessage]:
+        code = ErrorCode(event.code)
+        if code in CLOSES:
+            raise CloseConnection(CLOSES[code], _reason(event.message))
+        if code is ErrorCode.NO_FRAMES:
+            log.info("a question with no frame buffered: its turn ends empty")
+            return [live.ServerMessage(server_content=live.ServerContent(turn_complete=True))]
+        log.info("skipped: %s (%s)", event.message, event.code)
+        return []
+
+
+def _content(**fields: Any) -> live.ServerMessage:
+    return live.ServerMessage(server_content=live.ServerContent(**fields))
+
+
+def _instruction(instruction: live.Content | str | None) -> str | None:
+    """``systemInstruction`` (text parts, or a plain string) as the system prompt."""
+    if instruction is None or isinstance(instruction, str):
+        return instruction or None
+    if any(part.inline_data is not None for part in instruction.parts):
+        raise SessionError(ErrorCode.INVALID_CONFIG, "systemInstruction takes text parts only")
+    return "\n".join(part.text for part in instruction.parts if part.text) or None
+
+
+def _usage(event: ResponseDone) -> live.UsageMetadata:
+    usage = event.usage
+    details = [
+        live.ModalityTokenCount(modality=modality, token_count=getattr(usage, name))
+        for name, modality in _MODALITY.items()
+        if getattr(usage, name)
+    ]
+    return live.UsageMetadata(
+        prompt_token_count=usage.prompt_tokens,
+        cached_content_token_count=usage.cached_tokens,
+        response_token_count=usage.completion_tokens,
+        total_token_count=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details=details,
+        response_tokens_details=[live.ModalityTokenCount(modality="TEXT", token_count=usage.completion_tokens)],
+    )

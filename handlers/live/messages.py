@@ -1,0 +1,355 @@
+"""The Gemini Live protocol (``BidiGenerateContent``) as typed messages, and its one parser.
+
+Client -> server (each message is a JSON object with exactly one of these keys):
+
+    setup           the first message: model, generationConfig, systemInstruction,
+                    realtimeInputConfig, input/outputAudioTranscription, sessionResumption,
+                    contextWindowCompression, proactivity (and livesight's own ``livesight``)
+    realtimeInput   one of video, audio, text, activityStart, activityEnd, audioStreamEnd
+                    (or the older mediaChunks)
+    clientContent   turns (text and inline images) and turnComplete
+    toolResponse    refused: this server makes no tool calls
+
+Server -> client (each message a ``LiveServerMessage``): setupComplete, serverContent
+(modelTurn parts: text, or inlineData audio/pcm;rate=24000; generationComplete,
+turnComplete, interrupted, inputTranscription, outputTranscription), usageMetadata,
+goAway, sessionResumptionUpdate.
+
+Keys are read as proto3 JSON reads them: lowerCamelCase or the proto's snake_case, in any
+mix (the google-genai SDK sends ``realtime_input`` beside ``mimeType``); a message that
+gives one field under both names is refused. Media base64 may use either alphabet
+(standard or URL-safe), with or without padding. Types are strict: a string where a number
+belongs is refused, nothing is coerced.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.protocol import describe_validation_error
+
+#: The deepest nesting a client message may have (a Live message needs about eight levels).
+MAX_DEPTH = 32
+
+
+class _In(BaseModel):
+    """A client object: known fields only, strict types, snake_case names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class _Lenient(_In):
+    """A config object whose fields not listed here are accepted and ignored (documented)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class Blob(_In):
+    mime_type: str | None = Field(None, max_length=200)
+    data: str
+
+
+class Part(_In):
+    text: str | None = None
+    inline_data: Blob | None = None
+
+
+class Content(_In):
+    role: str | None = Field(None, max_length=64)
+    parts: list[Part] = Field(default_factory=list, max_length=256)
+
+
+class PrebuiltVoiceConfig(_In):
+    voice_name: str | None = Field(None, max_length=200)
+
+
+class VoiceConfig(_In):
+    prebuilt_voice_config: PrebuiltVoiceConfig | None = None
+
+
+class SpeechConfig(_In):
+    voice_config: VoiceConfig | None = None
+    language_code: str | None = Field(None, max_length=32)  # ignored: the voice names the language
+
+
+#: generationConfig fields taken and ignored: they do not change what an answer means here.
+IGNORED_GENERATION_FIELDS = frozenset(
+    {"top_k", "candidate_count", "presence_penalty", "frequency_penalty", "media_resolution",
+     "enable_affective_dialog", "thinking_config", "translation_config", "response_mime_type"}
+)
+
+
+class GenerationConfig(_In):
+    response_modalities: list[Literal["TEXT", "AUDIO"]] | None = Field(None, min_length=1, max_length=2)
+    speech_config: SpeechConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    top_k: int | None = Field(None, ge=0)
+    candidate_count: Literal[1] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    media_resolution: (
+        Literal["MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM", "MEDIA_RESOLUTION_HIGH"]
+        | None
+    ) = None
+    enable_affective_dialog: bool | None = None
+    thinking_config: dict[str, Any] | None = None
+    translation_config: dict[str, Any] | None = None
+    response_mime_type: Literal["text/plain"] | None = None
+
+
+class AutomaticActivityDetection(_In):
+    disabled: bool | None = None
+    start_of_speech_sensitivity: (
+        Literal["START_SENSITIVITY_UNSPECIFIED", "START_SENSITIVITY_HIGH", "START_SENSITIVITY_LOW"] | None
+    ) = None
+    end_of_speech_sensitivity: (
+        Literal["END_SENSITIVITY_UNSPECIFIED", "END_SENSITIVITY_HIGH", "END_SENSITIVITY_LOW"] | None
+    ) = None
+    prefix_padding_ms: int | None = Field(None, ge=0)
+    silence_duration_ms: int | None = Field(None, ge=0)
+
+
+class RealtimeInputConfig(_In):
+    automatic_activity_detection: AutomaticActivityDetection | None = None
+    activity_handling: (
+        Literal["ACTIVITY_HANDLING_UNSPECIFIED", "START_OF_ACTIVITY_INTERRUPTS", "NO_INTERRUPTION"] | None
+    ) = None
+    turn_coverage: (
+        Literal["TURN_COVERAGE_UNSPECIFIED", "TURN_INCLUDES_ONLY_ACTIVITY", "TURN_INCLUDES_ALL_INPUT"] | None
+    ) = None
+
+
+class AudioTranscriptionConfig(_Lenient):
+    """Its fields (language codes, vocabulary) are accepted and ignored."""
+
+
+class SessionResumptionConfig(_In):
+    handle: str | None = Field(None, max_length=200)
+    transparent: bool | None = None
+
+
+class SlidingWindow(_In):
+    target_tokens: int | None = Field(None, ge=0)
+
+
+class ContextWindowCompression(_In):
+    trigger_tokens: int | None = Field(None, ge=0)
+    sliding_window: SlidingWindow | None = None
+
+
+class ProactivityConfig(_In):
+    proactive_audio: bool | None = None
+
+
+class Setup(_In):
+    model: str | None = Field(None, max_length=512)
+    generation_config: GenerationConfig | None = None
+    system_instruction: Content | str | None = None
+    tools: list[dict[str, Any]] | None = None
+    realtime_input_config: RealtimeInputConfig | None = None
+    input_audio_transcription: AudioTranscriptionConfig | None = None
+    output_audio_transcription: AudioTranscriptionConfig | None = None
+    session_resumption: SessionResumptionConfig | None = None
+    context_window_compression: ContextWindowCompression | None = None
+    proactivity: ProactivityConfig | None = None
+    explicit_vad_signal: bool | None = None  # ignored: no voiceActivityDetectionSignal is sent
+    safety_settings: list[dict[str, Any]] | None = None  # ignored
+    labels: dict[str, str] | None = None  # ignored
+    #: livesight's own settings (``session.config`` fields: frames, filter, watches, ...).
+    livesight: dict[str, Any] | None = None
+
+
+class RealtimeInput(_In):
+    media_chunks: list[Blob] | None = Field(None, max_length=64)
+    audio: Blob | None = None
+    video: Blob | None = None
+    text: str | None = Field(None, max_length=20_000)
+    activity_start: dict[str, Any] | None = None
+    activity_end: dict[str, Any] | None = None
+    audio_stream_end: bool | None = None
+
+
+class ClientContent(_In):
+    turns: list[Content] | None = Field(None, max_length=64)
+    turn_complete: bool | None = None
+
+
+class ToolResponse(_Lenient):
+    """Refused as a whole: this server makes no tool calls."""
+
+
+class ClientMessage(_In):
+    setup: Setup | None = None
+    client_content: ClientContent | None = None
+    realtime_input: RealtimeInput | None = None
+    tool_response: ToolResponse | None = None
+
+    def kind(self) -> str:
+        """The one message this is (``setup``, ``client_content``, ...)."""
+        return next(name for name in type(self).model_fields if getattr(self, name) is not None)
+
+
+_CAPS = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def snake(key: str) -> str:
+    """A proto3 JSON key as the proto's field name: ``mimeType`` -> ``mime_type``."""
+    return _CAPS.sub("_", key).lower() if key != key.lower() else key
+
+
+def _normalised(value: Any, depth: int = 0) -> Any:
+    """``value`` with every key in snake_case. Raises ``ValueError`` for a key given twice
+    (under both names), a lone surrogate in a string, or nesting deeper than ``MAX_DEPTH``."""
+    if depth > MAX_DEPTH:
+        raise ValueError("the message is nested too deeply")
+    if isinstance(value, str):
+        value.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError, a ValueError
+        return value
+    if isinstance(value, list):
+        return [_normalised(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            key.encode("utf-8")
+            name = snake(key)
+            if name in out:
+                raise ValueError(f"field {name!r} is given twice (camelCase and snake_case)")
+            out[name] = _normalised(item, depth + 1)
+        return out
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+_decoder = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def parse_client_message(raw: str | bytes) -> ClientMessage:
+    """Parse one client message. The SDK sends text; a binary message holding UTF-8 JSON is
+    read as text too (proto3 JSON has no binary form).
+
+    Raises ``SessionError``: ``invalid_json`` (not JSON), ``invalid_message`` (not an object,
+    not exactly one known message, a field of the wrong type or out of range, a key given
+    twice, a lone surrogate).
+    """
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SessionError(ErrorCode.INVALID_JSON, "a binary message must hold UTF-8 JSON") from None
+    try:
+        obj = _decoder.decode(raw)
+    except (ValueError, RecursionError):
+        raise SessionError(ErrorCode.INVALID_JSON, "the message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise SessionError(ErrorCode.INVALID_MESSAGE, "a message must be a JSON object")
+    try:
+        obj = _normalised(obj)
+    except (ValueError, RecursionError) as exc:
+        reason = "a string holds a lone surrogate" if isinstance(exc, UnicodeError) else str(exc)
+        raise SessionError(ErrorCode.INVALID_MESSAGE, reason) from None
+    present = [k for k, v in obj.items() if v is not None]
+    if len(present) != 1 or present[0] not in ClientMessage.model_fields:
+        names = ", ".join(sorted(to_camel(k) for k in present)[:4]) or "none"
+        raise SessionError(
+            ErrorCode.INVALID_MESSAGE,
+            f"a message holds exactly one of setup, clientContent, realtimeInput, toolResponse (got {names})",
+        )
+    try:
+        return ClientMessage.model_validate(obj)
+    except ValidationError as exc:
+        raise SessionError(ErrorCode.INVALID_MESSAGE, f"{to_camel(present[0])}: {_camel(describe_validation_error(exc))}") from None
+
+
+def _camel(text: str) -> str:
+    """A validation message's field names as the Live docs spell them."""
+    return re.sub(r"[a-z]+(?:_[a-z0-9]+)+", lambda m: to_camel(m.group(0)), text)
+
+
+# --------------------------------------------------------------------------- server messages
+
+
+class _Out(BaseModel):
+    """A server object: serialized in lowerCamelCase, unset fields left out."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class InlineData(_Out):
+    mime_type: str
+    data: str
+
+
+class OutPart(_Out):
+    text: str | None = None
+    inline_data: InlineData | None = None
+
+
+class ModelTurn(_Out):
+    role: Literal["model"] = "model"
+    parts: list[OutPart]
+
+
+class Transcription(_Out):
+    text: str | None = None
+    finished: bool | None = None
+
+
+class ServerContent(_Out):
+    model_turn: ModelTurn | None = None
+    generation_complete: bool | None = None
+    turn_complete: bool | None = None
+    interrupted: bool | None = None
+    input_transcription: Transcription | None = None
+    output_transcription: Transcription | None = None
+
+
+class ModalityTokenCount(_Out):
+    modality: Literal["TEXT", "IMAGE", "AUDIO"]
+    token_count: int
+
+
+class UsageMetadata(_Out):
+    prompt_token_count: int
+    cached_content_token_count: int
+    response_token_count: int
+    total_token_count: int
+    prompt_tokens_details: list[ModalityTokenCount]
+    response_tokens_details: list[ModalityTokenCount]
+
+
+class SetupComplete(_Out):
+    session_id: str | None = None
+
+
+class GoAway(_Out):
+    time_left: str  # a proto3 JSON duration: "12.5s"
+
+
+class SessionResumptionUpdate(_Out):
+    new_handle: str | None = None
+    resumable: bool
+    last_consumed_client_message_index: str | None = None  # int64: a JSON string in proto3 JSON
+
+
+class ServerMessage(_Out):
+    setup_complete: SetupComplete | None = None
+    server_content: ServerContent | None = None
+    usage_metadata: UsageMetadata | None = None
+    go_away: GoAway | None = None
+    session_resumption_update: SessionResumptionUpdate | None = None
+
+    def encode(self) -> str:
+        """The message as the JSON text sent."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)
