@@ -364,6 +364,13 @@ class SessionCore:
             notes.append("server turn detection is not available on this server; send video.query to ask")
         if config.model and config.model != self.capabilities.model:
             notes.append(f"model {config.model!r} is not served here; using {self.capabilities.model!r}")
+        most = self.capabilities.max_images
+        if most is not None and config.max_frames > most:
+            notes.append(f"max_frames {config.max_frames} is more than the {most} images a prompt may carry "
+                         f"on this server; using {most}")
+            config = config.model_copy(update={"max_frames": most})
+        if config.num_frames is not None and config.num_frames > config.max_frames:
+            config = config.model_copy(update={"num_frames": config.max_frames})
         if config.num_frames is None:
             # vLLM-Omni's default without a warm prefix; with one, the whole window
             default = config.max_frames if self.warm_prefix_for(config) else 4

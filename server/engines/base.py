@@ -124,6 +124,7 @@ class Capabilities:
     warm_prefix: bool = False
     max_image_side: int | None = None
     token_probabilities: bool = False  # ``check`` reads yes/no from the next-token distribution
+    max_images: int | None = None  # the most images one prompt may carry (None: no limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ def create_engine(settings: Settings) -> Engine:
             health_interval_s=settings.openai_health_interval_s,
             audio_output=settings.openai_audio,
             max_image_side=settings.max_image_side,
+            max_images=settings.max_images_per_prompt,
             image_references=settings.openai_image_references,
             max_warmups_per_s=settings.max_warmups_per_s,
         )

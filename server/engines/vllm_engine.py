@@ -157,8 +157,10 @@ class VllmEngine(Engine):
         self._specials = special_tokens(tokenizer)  # escaped in user text
         await anyio.to_thread.run_sync(self._find_answer_tokens, tokenizer)
         side = model_image_side(processor.image_processor, self._max_image_side)
+        limit = (self.engine_args.get("limit_mm_per_prompt") or {}).get("image")
         self.capabilities = Capabilities(
-            name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side, token_probabilities=True
+            name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side, token_probabilities=True,
+            max_images=int(limit) if limit else None,
         )
         log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
 

@@ -57,6 +57,21 @@ def test_configure_caps_max_tokens_and_notes_missing_audio() -> None:
     assert len(ready.notes) == 2
 
 
+def test_the_window_is_capped_to_the_images_a_prompt_may_carry() -> None:
+    """An engine that takes at most 8 images a prompt (vLLM's limit_mm_per_prompt): a session
+    asking for 50 frames gets 8, said in a note, at the start and in a later update; the
+    buffer keeps 8, so no warm prefix, check or question carries more."""
+    core = SessionCore("s", LIMITS, Capabilities(name="x", model="m", warm_prefix=True, max_images=8))
+    ready = core.configure(SessionConfig(max_frames=50, num_frames=20))
+    assert (ready.config["max_frames"], ready.config["num_frames"]) == (8, 8)
+    assert any("8 images" in note for note in ready.notes)
+    for seed in range(12):
+        _feed(core, seed)
+    assert len(core.buffer.frames) == 8
+    updated = core.update({"max_frames": 30})
+    assert updated.config["max_frames"] == 8 and any("8 images" in note for note in updated.notes)
+
+
 def test_frame_size_checked_before_decoding() -> None:
     """An oversized frame raises frame_too_large with its frame_id."""
     core = _core()

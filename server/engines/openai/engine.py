@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import anyio
@@ -70,6 +70,7 @@ class OpenAIEngine(Engine):
         health_interval_s: float = 5.0,
         audio_output: bool = False,
         max_image_side: int = 1024,
+        max_images: int | None = None,
         image_references: bool = True,
         max_warmups_per_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -91,7 +92,7 @@ class OpenAIEngine(Engine):
         self.traffic = Traffic()
         self.capabilities = Capabilities(
             name="openai", model=model or "", warm_prefix=True, audio_output=audio_output,
-            max_image_side=max_image_side, token_probabilities=True,
+            max_image_side=max_image_side, token_probabilities=True, max_images=max_images,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -107,10 +108,7 @@ class OpenAIEngine(Engine):
             self.model = await replicas.discover_model(self._client, self.replicas)
         if not up:
             log.warning("openai engine: no replica is healthy yet (%s)", ", ".join(r.base for r in self.replicas))
-        self.capabilities = Capabilities(
-            name="openai", model=self.model, warm_prefix=True, audio_output=self.audio_output,
-            max_image_side=self.capabilities.max_image_side, token_probabilities=True,
-        )
+        self.capabilities = replace(self.capabilities, model=self.model)
         log.info("openai engine: model %s on %d replica(s), %d healthy", self.model, len(self.replicas), len(up))
 
     async def close(self) -> None:
