@@ -15,7 +15,8 @@ A run:
 1. cost, on an idle server: one session with the K watches is sent grey frames one by one;
    at 8 and at 32 buffered frames the checks of the newest frames (``watch.check`` ``ms``: one
    engine call for the K watches) are set against a warm question's time to first output on
-   the same frames (the server's ``ttft_ms``, and its first text at the client).
+   the same frames (the server's ``ttft_ms``, and its first text at the client), and against
+   the same question's cold prefill (new sessions without a warm prefix on the same frames).
 2. load: N sessions stream ``seconds`` of the clip without watches (the baseline), then the
    same with watches, alternating for ``rounds`` rounds; each session asks "What colour is
    the screen?" once a phase (at frame ``ASK_AT`` + its index).
@@ -137,6 +138,7 @@ class Tally:
     ack_ms: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     server_ttft_ms: list[float] = field(default_factory=list)
+    cached_share: list[float] = field(default_factory=list)  # each question's cached / prompt tokens
     check_ms: list[float] = field(default_factory=list)
     fires: list[Fire] = field(default_factory=list)
     receipts: dict[tuple[int, int], float] = field(default_factory=dict)  # (session, frame) -> server receipt, ms
@@ -229,6 +231,8 @@ class StreamedSession:
                 self.answered = True
                 if event.timings.ttft_ms is not None:
                     tally.server_ttft_ms.append(event.timings.ttft_ms)
+                if event.usage.prompt_tokens:
+                    tally.cached_share.append(event.usage.cached_tokens / event.usage.prompt_tokens)
         elif isinstance(event, ErrorEvent):
             tally.errors[event.code] = tally.errors.get(event.code, 0) + 1
             if event.code == "no_frames" and self.question is None:
@@ -263,6 +267,8 @@ class Cost:
     ttft_ms: list[float]  # question sent -> its first text, at the client
     server_ttft_ms: list[float]
     prompt_tokens: int
+    cold_ms: list[float]  # the same question in a session without a warm prefix (the server's ttft_ms)
+    cold_cached: int  # prompt tokens the cold question found cached (0: a whole prefill)
 
 
 async def _check_of(conn: Connection, frame: str, frame_id: int, watches: int) -> float:
@@ -291,10 +297,33 @@ async def _first_text(conn: Connection, text: str) -> tuple[float, ResponseDone]
     return first, received.event
 
 
+async def cold_prefill(url: str, http_url: str, frames: list[str], config: dict) -> tuple[list[float], int]:
+    """``COST_CHECKS`` questions, each in a new session without a warm prefix on ``frames``
+    (no watches), on an idle server: the server's ttft_ms of each, and the fewest prompt tokens
+    one found cached."""
+    out, cached = [], None
+    async with httpx.AsyncClient(base_url=http_url) as http:
+        for _ in range(COST_CHECKS):
+            conn, _ = await Connection.open(url, {**config, "prefix_warmup": False}, open_timeout=60)
+            try:
+                for n, frame in enumerate(frames):
+                    await conn.send_frame(frame, frame_id=n, pts_ms=n * 1000 / FPS)
+                await conn.wait_acks(len(frames))
+                await wait_idle(http)
+                _, done = await _first_text(conn, QUESTION)
+                out.append(done.timings.ttft_ms or float("nan"))
+                cached = min(done.usage.cached_tokens, cached if cached is not None else done.usage.cached_tokens)
+            finally:
+                await conn.close()
+    return out, cached or 0
+
+
 async def measure_cost(url: str, http_url: str, watches: int) -> tuple[list[Cost], int | None]:
     """One session with ``watches`` watches on grey frames (no watch fires), on an idle server:
     at each of ``COST_FRAMES`` buffered frames, the checks of the last ``COST_CHECKS`` frames
-    (sent one by one) against as many warm questions; returns them and the tokens a check adds."""
+    (sent one by one) against as many warm questions, and the same question's cold prefill (a
+    new session without a warm prefix on the same frames, ``cold_prefill``); returns them and
+    the tokens a check adds."""
     grey = clip_frames([BETWEEN] * max(COST_FRAMES), seed=5)
     config = {"sampling": {"max_tokens": 4, "temperature": 0}, "max_frames": max(COST_FRAMES) + 8}
     conn, ready = await Connection.open(url, config, open_timeout=60)
@@ -322,7 +351,9 @@ async def measure_cost(url: str, http_url: str, watches: int) -> tuple[list[Cost
                     firsts.append(first)
                     server.append(done.timings.ttft_ms or float("nan"))
                     tokens_in = done.usage.prompt_tokens
-                out.append(Cost(count, [c for c in checks if c == c] or [float("nan")], firsts, server, tokens_in))
+                cold, cold_cached = await cold_prefill(url, http_url, grey[:count], config)
+                out.append(Cost(count, [c for c in checks if c == c] or [float("nan")], firsts, server, tokens_in,
+                                cold, cold_cached))
         finally:
             await conn.close()
     return out, tokens
@@ -383,6 +414,10 @@ def _ms(values: list[float], *qs: float) -> str:
     return "/".join(f"{percentile(values, q):.1f}" for q in qs) + " ms"
 
 
+def _share(values: list[float]) -> str:
+    return f"{100 * percentile(values, 0.5):.0f}%/{100 * min(values):.0f}%" if values else "n/a"
+
+
 def _latency(values: list[float]) -> str:
     return _ms(values, 0.5, 0.95) if values else "n/a (no hits)"
 
@@ -397,6 +432,7 @@ def _merged(tallies: list[Tally]) -> Tally:
         out.ack_ms += t.ack_ms
         out.ttft_ms += t.ttft_ms
         out.server_ttft_ms += t.server_ttft_ms
+        out.cached_share += t.cached_share
         out.check_ms += t.check_ms
         out.sent += t.sent
         out.filtered += t.filtered
@@ -427,7 +463,9 @@ def render(costs: list[Cost], tokens_per_check: int | None, base: list[Tally], w
             f"  {c.frames:3d} frames ({c.prompt_tokens} prompt tokens): check median {check:.1f} ms (min "
             f"{min(c.check_ms):.1f}; one engine call for {watches} watches) vs warm question TTFT median {ttft:.1f} ms "
             f"at the server (min {min(c.server_ttft_ms):.1f}), {statistics.median(c.ttft_ms):.1f} ms at the client: "
-            f"check / question {_ratio(check, ttft)} (mins {_ratio(min(c.check_ms), min(c.server_ttft_ms))})"
+            f"check / question {_ratio(check, ttft)} (mins {_ratio(min(c.check_ms), min(c.server_ttft_ms))}); "
+            f"cold prefill (no warm prefix, {c.cold_cached} tokens cached) median {statistics.median(c.cold_ms):.1f} ms "
+            f"(min {min(c.cold_ms):.1f}): check / cold {_ratio(check, statistics.median(c.cold_ms))}"
         )
     b, w = _merged(base), _merged(watched)
     s = score(watched, colours, sessions)
@@ -442,7 +480,8 @@ def render(costs: list[Cost], tokens_per_check: int | None, base: list[Tally], w
         f"  question TTFT p50/p95 at the client: without {_ms(b.ttft_ms, 0.5, 0.95)}, with {_ms(w.ttft_ms, 0.5, 0.95)} "
         f"({len(b.ttft_ms)} / {len(w.ttft_ms)} questions); p50 with / without "
         f"{_ratio(percentile(w.ttft_ms, 0.5), percentile(b.ttft_ms, 0.5))}; at the server p50 "
-        f"{percentile(b.server_ttft_ms, 0.5):.1f} / {percentile(w.server_ttft_ms, 0.5):.1f} ms",
+        f"{percentile(b.server_ttft_ms, 0.5):.1f} / {percentile(w.server_ttft_ms, 0.5):.1f} ms; prompt cached "
+        f"p50/min {_share(b.cached_share)} / {_share(w.cached_share)}",
         f"  checks under load: {len(w.check_ms) // max(watches, 1)} rounds, watch.check p50/p95 "
         f"{_ms(w.check_ms, 0.5, 0.95)}; accepted frames no check looked at (client): {unchecked} of "
         f"{len(w.accepted)} ({100 * unchecked / max(len(w.accepted), 1):.0f}%); server's count: {skipped_metric(metrics)}",
