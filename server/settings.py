@@ -8,6 +8,7 @@ reads the environment.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -211,6 +212,12 @@ class Settings(BaseSettings):
         description="name images a replica already holds by uuid alone (vLLM's chat API); off: every request "
         "carries every image",
     )
+    openai_session_headers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["X-Session-ID"],
+        description="headers every request of a session carries with its session id, comma-separated, so a "
+        "router (llm-d, vLLM's production-stack router, Ray Serve, HAProxy) pins the session to one backend "
+        "(e.g. X-Session-ID,x-dynamo-session-id; empty: none)",
+    )
     max_warmups_per_s: float = Field(
         2.0, gt=0, le=100, description="vllm, openai: warm (prefix) requests one session may start per second"
     )
@@ -264,7 +271,15 @@ class Settings(BaseSettings):
         description="browser origins allowed to connect, comma-separated (empty: any; no Origin: always)",
     )
 
-    @field_validator("openai_urls", "api_keys", "allowed_origins", mode="before")
+    @field_validator("openai_session_headers")
+    @classmethod
+    def _header_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+                raise ValueError(f"not an HTTP header name: {name!r}")
+        return names
+
+    @field_validator("openai_urls", "api_keys", "allowed_origins", "openai_session_headers", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         """A flag or environment variable gives a comma-separated string (or a JSON list)."""

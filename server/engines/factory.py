@@ -28,6 +28,7 @@ def create_engine(settings: Settings) -> Engine:
             max_images=settings.max_images_per_prompt,
             image_references=settings.openai_image_references,
             max_warmups_per_s=settings.max_warmups_per_s,
+            session_headers=tuple(settings.openai_session_headers),
         )
 
     from server.models.demo import resolve_model

@@ -478,6 +478,43 @@ async def test_a_server_that_keeps_no_images_gets_their_data() -> None:
     assert engine.stats()["cache_misses"] == 3
 
 
+async def test_behind_a_router_a_miss_drops_only_that_sessions_images() -> None:
+    """One router URL in front of backends that keep images: every request carries its
+    session's id in each session header; a session whose requests start missing (it moved to
+    another backend) resends its own images and, after three misses in a row, sends data only
+    (counted), while another session keeps naming its images by uuid."""
+    seen: list[tuple[str, str, list[str]]] = []
+    moved = {"a"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        session = request.headers["x-session-id"]
+        assert request.headers["x-dynamo-session-id"] == session
+        seen.append((session, request.headers.get("x-request-id", ""), image_parts(json.loads(request.content))))
+        if session in moved and "uuid" in seen[-1][2]:
+            return httpx.Response(400, json={"error": {"message": "Cache miss for image at index 0 but data is not "
+                                                                  "provided.", "code": 400}})
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 300}})
+
+    engine = OpenAIEngine(["http://router:8000"], model="m", transport=httpx.MockTransport(handler),
+                          max_warmups_per_s=100, session_headers=("X-Session-ID", "x-dynamo-session-id"))
+    await engine.start()
+    frames = [camera_frame(621)]
+    for _ in range(5):
+        for session in ("a", "b"):
+            await engine.prefill(session, watching(frames))
+    stats = engine.stats()
+    await engine.release("a")
+    held_after_release = engine.stats()["replicas"][0]["held_images"]
+    await engine.close()
+    kinds = {s: [k for who, _, k in seen if who == s] for s in ("a", "b")}
+    assert kinds["b"] == [["data"]] + [["uuid"]] * 4
+    assert kinds["a"] == [["data"]] + [["uuid"], ["data"]] * 3 + [["data"]]
+    assert stats["cache_misses"] == 3 and stats["sessions_data_only"] == 1
+    assert held_after_release == 1  # b's image only
+
+
 async def _warm_requests_while_streaming(max_warmups_per_s: float, frames: int, fps: float) -> list[list[str]]:
     """Stream ``frames`` frames at ``fps`` into a session on engine=openai (an instant mock
     server); returns each warm request's images, in order."""

@@ -73,6 +73,7 @@ class OpenAIEngine(Engine):
         max_images: int | None = None,
         image_references: bool = True,
         max_warmups_per_s: float = 2.0,
+        session_headers: tuple[str, ...] = ("X-Session-ID",),
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not urls:
@@ -82,6 +83,7 @@ class OpenAIEngine(Engine):
         self.health_interval_s = health_interval_s
         self.audio_output = audio_output
         self.image_references = image_references
+        self.session_headers = tuple(session_headers)
         self._cadence = WarmCadence(max_warmups_per_s)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s, connect=_CONNECT_TIMEOUT_S)
@@ -117,11 +119,16 @@ class OpenAIEngine(Engine):
             with anyio.CancelScope(shield=True):
                 await client.aclose()
 
+    async def release(self, session_id: str) -> None:
+        """The session ended: forget the images it sent each replica."""
+        for replica in self.replicas:
+            replica.release(session_id)
+
     def stats(self) -> RemoteStats:
         """The replicas' health, the requests in flight and what has been sent (counters since start)."""
         return RemoteStats(
             running_requests=self._live,
-            replicas=[ReplicaStats(url=r.base, healthy=r.healthy, held_images=len(r.held)) for r in self.replicas],
+            replicas=[ReplicaStats(url=r.base, healthy=r.healthy, held_images=r.held_images) for r in self.replicas],
             **asdict(self.traffic),
         )
 
@@ -178,10 +185,12 @@ class OpenAIEngine(Engine):
         self._live += 1
         try:
             try:
-                response = await self._open(replica, prompt, sampling, extra, stream=False, request_id=request_id)
+                response = await self._open(replica, session_id, prompt, sampling, extra, stream=False,
+                                            request_id=request_id)
             except (_ServerFailure, ReplicaDown):  # see generate
                 replica = await self._pick(session_id)
-                response = await self._open(replica, prompt, sampling, extra, stream=False, request_id=request_id)
+                response = await self._open(replica, session_id, prompt, sampling, extra, stream=False,
+                                            request_id=request_id)
         finally:
             self._live -= 1
         try:
@@ -212,7 +221,7 @@ class OpenAIEngine(Engine):
             for attempt in range(2):
                 produced = False
                 try:
-                    async with aclosing(self._events(replica, prompt, sampling, extra, request_id)) as events:
+                    async with aclosing(self._events(replica, session_id, prompt, sampling, extra, request_id)) as events:
                         async for event in events:
                             produced = True
                             yield event
@@ -227,12 +236,13 @@ class OpenAIEngine(Engine):
             self._live -= 1
 
     async def _events(
-        self, replica: Replica, prompt: Prompt, sampling: Sampling, extra: dict[str, Any], request_id: str
+        self, replica: Replica, session_id: str, prompt: Prompt, sampling: Sampling, extra: dict[str, Any],
+        request_id: str,
     ) -> AsyncIterator[EngineEvent]:
         """One streamed request: its text and audio, then ``Finished``. Raises ``EngineError``."""
         reason: str | None = None
         usage: dict[str, Any] = {}
-        response = await self._open(replica, prompt, sampling, extra, stream=True, request_id=request_id)
+        response = await self._open(replica, session_id, prompt, sampling, extra, stream=True, request_id=request_id)
         try:
             async for chunk in sse_chunks(response):
                 if chunk.get("error"):
@@ -255,6 +265,7 @@ class OpenAIEngine(Engine):
     async def _open(
         self,
         replica: Replica,
+        session_id: str,
         prompt: Prompt,
         sampling: Sampling,
         extra: dict[str, Any],
@@ -262,45 +273,53 @@ class OpenAIEngine(Engine):
         stream: bool,
         request_id: str | None = None,
     ) -> httpx.Response:
-        """Send ``prompt`` to ``replica``, naming the images it holds by uuid alone.
+        """Send the session's ``prompt`` to ``replica``, naming the images the session sent it
+        by uuid alone.
 
         Returns the response once its status says it is served; the replica now holds every
-        image sent with its data. On a cache miss the replica's set is dropped and the request
+        image sent with its data. On a cache miss the session's set is dropped and the request
         goes once more with every image's data. Raises ``EngineError`` (see ``_send``).
         """
-        refer = self.image_references and replica.keeps_images
-        body = await chat_body(self.model, prompt, sampling, self._data_urls, replica if refer else None)
+        held = replica.held(session_id)
+        refer = self.image_references and held.refer
+        body = await chat_body(self.model, prompt, sampling, self._data_urls, held if refer else None)
         body.json.update(extra)
         try:
-            response = await self._send(replica, body, stream=stream, request_id=request_id)
+            response = await self._send(replica, session_id, body, stream=stream, request_id=request_id)
             if body.referenced:
-                replica.misses_in_row = 0
+                held.misses_in_row = 0
         except _CacheMiss as exc:
             if not body.referenced:
                 raise EngineError(str(exc)) from exc
-            log.info("%s lost images it was sent (%s); sending them again", replica.base, exc)
+            log.info("%s lost images session %s sent it (%s); sending them again", replica.base, session_id[:8], exc)
             self.traffic.cache_misses += 1
-            replica.forget()
-            replica.misses_in_row += 1
-            if not replica.keeps_images:
-                log.warning("%s keeps no images between requests (its multimodal cache is off?): every "
-                            "request to it carries every image from now on", replica.base)
+            held.keys.clear()
+            held.misses_in_row += 1
+            if not held.refer:
+                self.traffic.sessions_data_only += 1
+                log.warning(
+                    "%s did not keep session %s's images between %d requests in a row (a multimodal cache "
+                    "off, or a vLLM with --api-server-count above 1 behind it?): that session's requests "
+                    "carry every image from now on", replica.base, session_id[:8], held.misses_in_row,
+                )
             body = await chat_body(self.model, prompt, sampling, self._data_urls, None)
             body.json.update(extra)
-            response = await self._send(replica, body, stream=stream, request_id=request_id)
-        replica.remember(body.sent)
+            response = await self._send(replica, session_id, body, stream=stream, request_id=request_id)
+        held.remember(body.sent)
         return response
 
     async def _send(
-        self, replica: Replica, body: Body, *, stream: bool, request_id: str | None = None
+        self, replica: Replica, session_id: str, body: Body, *, stream: bool, request_id: str | None = None
     ) -> httpx.Response:
         """POST a chat completion; returns the response once its status says it is served.
 
-        A pooled connection that the server closed as it was reused is retried once. Raises
+        Every request carries the session's id in each of ``session_headers`` (a router pins
+        the session to one backend by it). A pooled connection that the server closed as it
+        was reused is retried once. Raises
         ``_CacheMiss`` for an image named by uuid that the server does not hold, else
         ``EngineError`` (after checking the replica's health when the failure may be its own).
         """
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **{name: session_id for name in self.session_headers}}
         if request_id:
             headers["X-Request-Id"] = request_id
         content = json.dumps(body.json, separators=(",", ":")).encode()

@@ -6,10 +6,17 @@ that goes away move. Health is learnt lazily: a healthy replica is trusted until
 it fails, which checks it at once, so no check sits on the way to the first token; a failed
 one is skipped until a check, made once its last one is stale, passes again.
 
-A replica also remembers the content keys of the images it has been sent (keys are content
-hashes, so one set serves every session), which lets a request name them by ``uuid`` alone.
-The set is a belief, not a fact: it is dropped whenever the replica's health changes (it may
-have restarted with an empty cache, and perhaps with other options) and after a cache miss.
+A replica also remembers, for each session, the content keys of the images that session has
+sent it, which lets the session's next requests name them by ``uuid`` alone. The sets are
+kept per session, not per replica, because a replica URL may be a router (llm-d, vLLM's
+production-stack router, HAProxy) in front of several vLLMs, pinning each session to one of
+them by its session header: there a cache miss means that one session moved to another
+backend (or landed on another API process of a vLLM run with ``--api-server-count`` above
+one), not that the URL lost everything. A set is a belief, not a fact: a session's set is
+dropped after its cache miss, and every set when the replica's health changes (it may have
+restarted with an empty cache, and perhaps with other options). A session that misses three
+times in a row sends its images with their data from then on (a backend that keeps no
+images between requests); no other session is affected.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from server.engines.base import EngineError
 log = logging.getLogger("livesight.engines")
 
 HEALTH_TIMEOUT_S = 3.0
-_HELD_KEYS = 8192  # content keys remembered per replica (a forgotten one is only sent again)
-_MISSES_BEFORE_DATA_ONLY = 3  # cache misses in a row after which a replica gets every image's data
+HELD_KEYS_PER_SESSION = 512  # content keys remembered per session and replica (a forgotten one is sent again)
+HELD_SESSIONS = 4096  # sessions remembered per replica, least recently used dropped first
+_MISSES_BEFORE_DATA_ONLY = 3  # a session's cache misses in a row after which it sends every image's data
 
 
 class ReplicaDown(EngineError):
@@ -39,44 +47,73 @@ class ReplicaDown(EngineError):
 
 
 @dataclass
-class Replica:
-    """One server: its API root (``.../v1``), what its last health check said, and the
-    content keys of the images it has been sent (and so holds, unless it lost them)."""
+class HeldImages:
+    """The images one session has sent one replica (and so the replica holds, unless it lost
+    them or the session moved to another backend behind it)."""
 
-    base: str
-    healthy: bool = True
-    checked_at: float = -math.inf
-    held: OrderedDict[str, None] = field(default_factory=OrderedDict, repr=False)
-    misses_in_row: int = 0  # requests naming images by uuid that it could not serve, in a row
+    keys: OrderedDict[str, None] = field(default_factory=OrderedDict, repr=False)
+    misses_in_row: int = 0  # the session's requests naming images by uuid that missed, in a row
 
     @property
-    def api(self) -> str:
-        return self.base + "/v1"
-
-    @property
-    def keeps_images(self) -> bool:
-        """False once it missed every time in a row: it keeps no images between requests (a
-        server with its multimodal cache off), so naming them would only double each request."""
+    def refer(self) -> bool:
+        """False once the session missed every time in a row: where its requests land, images
+        are not kept between requests (a multimodal cache off, or requests spread over API
+        processes), so naming them would only double each request."""
         return self.misses_in_row < _MISSES_BEFORE_DATA_ONLY
 
     def holds(self, key: str) -> bool:
-        """True when the image ``key`` was sent here (since the set was last dropped)."""
-        if key in self.held:
-            self.held.move_to_end(key)
+        """True when the image ``key`` was sent (since the set was last dropped)."""
+        if key in self.keys:
+            self.keys.move_to_end(key)
             return True
         return False
 
     def remember(self, keys: Iterable[str]) -> None:
         """Note images the replica accepted with their data."""
         for key in keys:
-            self.held[key] = None
-            self.held.move_to_end(key)
-        while len(self.held) > _HELD_KEYS:
-            self.held.popitem(last=False)
+            self.keys[key] = None
+            self.keys.move_to_end(key)
+        while len(self.keys) > HELD_KEYS_PER_SESSION:
+            self.keys.popitem(last=False)
+
+
+@dataclass
+class Replica:
+    """One server (or router): its API root (``.../v1``), what its last health check said,
+    and, per session, the images the session has sent it."""
+
+    base: str
+    healthy: bool = True
+    checked_at: float = -math.inf
+    sessions: OrderedDict[str, HeldImages] = field(default_factory=OrderedDict, repr=False)
+
+    @property
+    def api(self) -> str:
+        return self.base + "/v1"
+
+    @property
+    def held_images(self) -> int:
+        """Images held, counted over the sessions."""
+        return sum(len(held.keys) for held in self.sessions.values())
+
+    def held(self, session_id: str) -> HeldImages:
+        """The session's set here (new and empty the first time)."""
+        held = self.sessions.get(session_id)
+        if held is None:
+            held = self.sessions[session_id] = HeldImages()
+            while len(self.sessions) > HELD_SESSIONS:
+                self.sessions.popitem(last=False)
+        else:
+            self.sessions.move_to_end(session_id)
+        return held
+
+    def release(self, session_id: str) -> None:
+        """The session ended: forget its set."""
+        self.sessions.pop(session_id, None)
 
     def forget(self) -> None:
-        """Drop the set: every image goes with its data again until the replica accepts it."""
-        self.held.clear()
+        """Drop every set: every image goes with its data again until the replica accepts it."""
+        self.sessions.clear()
 
 
 def replica_base(url: str) -> str:
@@ -133,8 +170,7 @@ async def check(client: httpx.AsyncClient, replica: Replica) -> None:
         log.debug("health check of %s failed: %s", replica.base, exc)
     if healthy != replica.healthy:
         log.warning("replica %s is %s", replica.base, "back" if healthy else "down")
-        replica.forget()  # down or back: it may have restarted with an empty cache
-        replica.misses_in_row = 0  # ... and perhaps with other options
+        replica.forget()  # down or back: it may have restarted with an empty cache (and other options)
     replica.healthy = healthy
     replica.checked_at = time.monotonic()
 

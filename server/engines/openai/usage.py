@@ -31,6 +31,7 @@ class Traffic:
     images_sent: int = 0
     images_referenced: int = 0
     cache_misses: int = 0
+    sessions_data_only: int = 0  # sessions whose images stopped being kept between their requests
     prompt_tokens: int = 0
 
     def count_request(self, size: int, images_sent: int, images_referenced: int) -> None:
@@ -57,6 +58,8 @@ class RemoteStats(EngineStats, total=False):
     request_bytes: int
     images_sent: int
     images_referenced: int
+    cache_misses: int
+    sessions_data_only: int
     prompt_tokens: int
 
 
