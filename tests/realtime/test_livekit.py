@@ -50,8 +50,11 @@ class Events:
 
 
 @asynccontextmanager
-async def livekit_session(server: RunningServer, **options: Any) -> AsyncIterator[tuple[Any, Events]]:
-    """A LiveKit realtime session on the server; ``options`` go to ``RealtimeModel``."""
+async def livekit_session(
+    server: RunningServer, max_tokens: int | None = None, **options: Any
+) -> AsyncIterator[tuple[Any, Events]]:
+    """A LiveKit realtime session on the server; ``options`` go to ``RealtimeModel``, and
+    ``max_tokens`` to its ``max_response_output_tokens`` (LiveKit's default: ``"inf"``)."""
     import asyncio
 
     loop = asyncio.get_running_loop()
@@ -70,6 +73,8 @@ async def livekit_session(server: RunningServer, **options: Any) -> AsyncIterato
 
     loop.set_exception_handler(ignore_cut_answers)
     model = lk_openai.realtime.RealtimeModel(base_url=f"{server.http_url}/v1", api_key="unused", **options)
+    if max_tokens is not None:
+        model.update_options(max_response_output_tokens=max_tokens)
     session = model.session()
     events = Events()
     session.on("openai_server_event_received", events.all.append)
@@ -112,7 +117,7 @@ def chat(session: Any, *turns: tuple[str, str]) -> Any:
 async def test_frames_then_a_question_generate_reply_returns_streamed_text(server: RunningServer) -> None:
     """Text modality: frames pushed with push_video, a question added with update_chat_ctx,
     then generate_reply() resolves (response.metadata echoed) and its text streams."""
-    async with livekit_session(server, modalities=["text"], turn_detection=None) as (session, events):
+    async with livekit_session(server, 24, modalities=["text"], turn_detection=None) as (session, events):
         for seed in range(3):
             session.push_video(video_frame(seed))
         await events.wait("conversation.item.done", 3)
@@ -130,7 +135,7 @@ async def test_seeded_history_with_assistant_messages_is_answered_in_context(ser
     """update_chat_ctx with user and assistant messages (created from root, one after the
     other) returns; they are in the conversation in order, as what they are, and the next
     question's prompt holds them (more input tokens than the same question without them)."""
-    async with livekit_session(server, modalities=["text"], turn_detection=None) as (session, events):
+    async with livekit_session(server, 24, modalities=["text"], turn_detection=None) as (session, events):
         session.push_video(video_frame(1))
         await events.wait("conversation.item.done")
         await session.update_chat_ctx(chat(session, ("user", "Say no."), ("assistant", "No."), ("user", "What is it?")))
@@ -140,7 +145,7 @@ async def test_seeded_history_with_assistant_messages_is_answered_in_context(ser
         added = [e["item"]["role"] for e in events.of("conversation.item.added")]
         assert added[:4] == ["user", "user", "assistant", "user"]  # the frame, then the history
         assert events.of("conversation.item.added")[2]["item"]["content"][0]["type"] == "output_text"
-    async with livekit_session(server, modalities=["text"], turn_detection=None) as (session, events):
+    async with livekit_session(server, 24, modalities=["text"], turn_detection=None) as (session, events):
         session.push_video(video_frame(1))
         await events.wait("conversation.item.done")
         await session.update_chat_ctx(chat(session, ("user", "What is it?")))
@@ -180,27 +185,39 @@ async def test_defaults_semantic_vad_audio_out_and_a_spoken_question(server: Run
         assert events.of("response.output_audio.delta")
 
 
-async def test_talking_over_the_answer_truncates_it_to_what_was_heard(server: RunningServer) -> None:
-    """Audio out, no turn detection: the user cuts in; LiveKit truncates the answer at the
-    audio it played (conversation.item.truncated), the item keeps only the heard words, and
-    the next question is answered over a prompt holding only them."""
-    async with livekit_session(server, modalities=["audio"], turn_detection=None) as (session, events):
+async def _answer_then_follow_up(server: RunningServer, played_ms: int | None) -> tuple[str, str, int]:
+    """Audio out, no turn detection: a question over a frame; when ``played_ms`` is given the
+    user cuts in after that much of the answer was played (LiveKit truncates the item there);
+    then a follow-up. Returns the answer's transcript, what the conversation keeps of it, and
+    the follow-up's input tokens."""
+    async with livekit_session(server, 48, modalities=["audio"], turn_detection=None) as (session, events):
         session.push_video(video_frame(3))
         await events.wait("conversation.item.done")
         await session.update_chat_ctx(chat(session, ("user", "Describe everything.")))
-        with anyio.fail_after(60):
+        with anyio.fail_after(120):
             generation = await session.generate_reply()
-        full, _ = await answer_text(generation)
-        done = (await events.wait("response.done"))[-1]["response"]
-        item_id = done["output"][0]["id"]
-        played_ms = 300
-        session.truncate(message_id=item_id, modalities=["audio"], audio_end_ms=played_ms)
-        truncated = (await events.wait("conversation.item.truncated"))[-1]
-        assert truncated["item_id"] == item_id and truncated["audio_end_ms"] == played_ms
+            full, _ = await answer_text(generation)
+        item_id = (await events.wait("response.done"))[-1]["response"]["output"][0]["id"]
+        if played_ms is not None:  # the audio came faster than it played: the user talks over it
+            session.truncate(message_id=item_id, modalities=["audio"], audio_end_ms=played_ms)
+            truncated = (await events.wait("conversation.item.truncated"))[-1]
+            assert truncated["item_id"] == item_id and truncated["audio_end_ms"] == played_ms
         session.send_event({"type": "conversation.item.retrieve", "item_id": item_id, "event_id": "rci_check"})
-        heard = (await events.wait("conversation.item.retrieved"))[-1]["item"]["content"][0]["transcript"]
-        assert len(heard.split()) < len(full.split()) and full.startswith(heard.split()[0] if heard else "")
-        await session.update_chat_ctx(session.chat_ctx.copy())
-        with anyio.fail_after(60):
+        kept = (await events.wait("conversation.item.retrieved"))[-1]["item"]["content"][0]["transcript"]
+        await session.update_chat_ctx(chat(session, ("user", "And then?")))
+        with anyio.fail_after(120):
             await answer_text(await session.generate_reply())
-        await events.wait("response.done", 2)
+        follow_up = (await events.wait("response.done", 2))[-1]["response"]["usage"]["input_tokens"]
+        return full, kept, follow_up
+
+
+async def test_talking_over_the_answer_truncates_it_to_what_was_heard(server: RunningServer) -> None:
+    """The user cuts in 300 ms into a spoken answer: LiveKit truncates the item there
+    (conversation.item.truncated), the item keeps only the words heard by then, and the next
+    question is answered over a prompt that holds only them: fewer input tokens than the same
+    conversation (greedy, so the same answer) kept whole."""
+    full, heard, truncated_tokens = await _answer_then_follow_up(server, 300)
+    whole, kept, whole_tokens = await _answer_then_follow_up(server, None)
+    assert full == whole and kept == whole  # the same answer; untouched, it is kept whole
+    assert len(heard.split()) < len(full.split()) and full.split()[: len(heard.split())] == heard.split()
+    assert truncated_tokens < whole_tokens
