@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -90,15 +91,18 @@ def _log_tail(log_path: Path | None) -> str:
     return f":\n{log_path.read_text()[-3000:]}" if log_path and log_path.exists() else " (see the log above)"
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300, log_path: Path | None = None) -> None:
-    """Wait until ``url`` (a health endpoint of the server ``proc`` runs) answers 200.
+def wait_healthy(
+    url: str, proc: subprocess.Popen, timeout_s: float = 300, log_path: Path | None = None, verify: ssl.SSLContext | bool = True,
+) -> None:
+    """Wait until ``url`` (a health endpoint of the server ``proc`` runs) answers 200
+    (``verify``: how to check a TLS server's certificate).
     Raises ``RuntimeError`` with the log's tail when the process exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited ({proc.returncode}){_log_tail(log_path)}")
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -134,12 +138,13 @@ class ServedProcess(ServerAddress):
 @contextmanager
 def serve_process(
     args: list[str], *, log_path: Path | None = None, env: dict[str, str] | None = None,
-    start_timeout_s: float = 300, stop_timeout_s: float = 30,
+    start_timeout_s: float = 300, stop_timeout_s: float = 30, tls_ca: Path | None = None,
 ) -> Iterator[ServedProcess]:
     """Run ``livesight serve ARGS`` on a free port (stdout and stderr to ``log_path``, else to
-    this process's); returns once ``/healthz`` answers. ``env``: the environment (default this
-    one with ``HF_HUB_OFFLINE=1``). On exit a server still running gets SIGTERM (a drain),
-    then SIGKILL after ``stop_timeout_s``.
+    this process's); returns once ``/healthz`` answers (over https, trusting ``tls_ca``, when
+    given: ARGS serve TLS). ``env``: the environment (default this one with
+    ``HF_HUB_OFFLINE=1``). On exit a server still running gets SIGTERM (a drain), then
+    SIGKILL after ``stop_timeout_s``.
 
     Raises ``RuntimeError`` (with the log's tail) when the server does not start.
     """
@@ -154,7 +159,11 @@ def serve_process(
             log.close()
     served = ServedProcess("127.0.0.1", port, proc, log_path)
     try:
-        wait_healthy(served.http_url + "/healthz", proc, start_timeout_s, log_path)
+        if tls_ca is None:
+            wait_healthy(served.http_url + "/healthz", proc, start_timeout_s, log_path)
+        else:
+            url = f"https://{served.host}:{served.port}/healthz"
+            wait_healthy(url, proc, start_timeout_s, log_path, verify=ssl.create_default_context(cafile=str(tls_ca)))
         yield served
     finally:
         stop_process(proc, stop_timeout_s)

@@ -84,6 +84,10 @@ SKIPPED = frozenset(
     {ErrorCode.INVALID_IMAGE, ErrorCode.FRAME_TOO_LARGE, ErrorCode.INVALID_AUDIO, ErrorCode.AUDIO_OVERFLOW,
      ErrorCode.RATE_LIMITED, ErrorCode.SPEECH_FAILED}
 )
+#: Close reasons said in Live's words where the core's would mislead a Live client.
+_LIVE_REASONS = {
+    ErrorCode.RESUME_FAILED: "sessionResumption.handle is unknown, expired, already used or another key's",
+}
 #: A close reason is at most 123 bytes (RFC 6455).
 MAX_REASON_BYTES = 123
 IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/webp"})
@@ -394,7 +398,8 @@ class LiveCodec:
     def _error(self, event: ErrorEvent) -> list[live.ServerMessage]:
         code = ErrorCode(event.code)
         if code in CLOSES:
-            raise CloseConnection(CLOSES[code], _reason(event.message))
+            message = _LIVE_REASONS.get(code) or event.message.replace("session.config", "setup")
+            raise CloseConnection(CLOSES[code], _reason(message))
         if code is ErrorCode.NO_FRAMES:
             log.info("a question with no frame buffered: its turn ends empty")
             return [live.ServerMessage(server_content=live.ServerContent(turn_complete=True))]

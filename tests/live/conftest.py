@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from server.background import RunningServer
 
 API_KEY = "live-test-key"
+OTHER_KEY = "live-test-other-key"  # a second client: a resumption handle is bound to its key
 KEY_PASSWORD = b"live-test-password"
 
 
@@ -32,7 +33,7 @@ def live_server(tiny_model_dir: Path, live_tls: tuple[Path, Path]) -> Iterator[R
 
     cert, key = live_tls
     settings = Settings(
-        model=str(tiny_model_dir), max_sessions=16, resume_grace_s=30, api_keys=[API_KEY],
+        model=str(tiny_model_dir), max_sessions=16, resume_grace_s=30, api_keys=[API_KEY, OTHER_KEY],
         ssl_certfile=cert, ssl_keyfile=key, ssl_keyfile_password=KEY_PASSWORD.decode(),
     )
     with run_server(settings) as running:
