@@ -52,6 +52,7 @@ TIERS: dict[str, str] = {
     "session/test_resume.py": "socket",
     "realtime": "socket",
     "live": "socket",
+    "live/test_live_codec.py": "core",
     "server": "socket",
     "server/test_docs.py": "core",
     "server/test_memory.py": "core",
@@ -59,7 +60,8 @@ TIERS: dict[str, str] = {
     "server/test_intake_faults.py": "heavy",  # floods, 64 sessions, rounds of RSS
     "server/test_fresh_boot.py": "heavy",  # unshare and a pytest child
     "server/test_fairness.py": "heavy",  # busy cores, floods
-    "server/test_watch_colours.py": "heavy",  # the trained colours model on three engines, vLLM
+    "server/test_watch_colours.py": "heavy",
+    "server/test_gateway_routing.py": "heavy",  # HAProxy in front of two `livesight serve`  # the trained colours model on three engines, vLLM
     "engines": "socket",
     "engines/test_model_thread.py": "core",
     "engines/test_detokenizer.py": "core",

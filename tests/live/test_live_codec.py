@@ -1,0 +1,198 @@
+"""The Live codec alone (no socket, no engine): how Live messages become the core's events and
+the core's events Live messages, as the google-genai SDK sends and reads them."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from handlers.live.codec import LiveCodec, standard_base64
+from handlers.live.messages import parse_client_message
+from handlers.wire.codec import CloseConnection
+from handlers.wire.commands import ClearAudio, UserInput
+from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.protocol import (
+    AudioChunkIn,
+    ErrorEvent,
+    ResponseCancel,
+    ResponseDone,
+    ResponseStart,
+    ResponseTextDelta,
+    SessionClosing,
+    SessionConfig,
+    SessionReady,
+    Timings,
+    UsageInfo,
+    VideoFrame,
+    VideoQuery,
+)
+
+JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3  # base64 of it has '+' and '/' (and '-', '_' URL-safe)
+
+
+def setup(codec: LiveCodec, **setup: object) -> SessionConfig:
+    [config] = codec.decode(json.dumps({"setup": {"model": "models/x", **setup}}))
+    assert isinstance(config, SessionConfig)
+    return config
+
+
+def ready(codec: LiveCodec, token: str | None = "tok") -> list[dict]:
+    event = SessionReady(session_id="s" * 32, config={}, limits={}, capabilities={}, resume_token=token)
+    return [json.loads(m) for m in codec.encode(event)]
+
+
+def test_setup_maps_to_session_config_in_either_casing() -> None:
+    """camelCase, snake_case and a mix read the same: modalities, sampling, voice, system
+    prompt, activity detection and resumption."""
+    camel = {"generationConfig": {"responseModalities": ["AUDIO"], "maxOutputTokens": 50, "temperature": 0.5,
+                                  "topP": 0.9, "seed": 3,
+                                  "speechConfig": {"voice_config": {"prebuilt_voice_config": {"voice_name": "Puck"}}}},
+             "systemInstruction": {"parts": [{"text": "be brief"}]},
+             "realtimeInputConfig": {"automaticActivityDetection": {"startOfSpeechSensitivity": "START_SENSITIVITY_HIGH",
+                                                                    "silenceDurationMs": 400, "prefixPaddingMs": 100},
+                                     "activityHandling": "NO_INTERRUPTION"},
+             "sessionResumption": {"handle": "abc"}}
+    snake = json.loads(json.dumps(camel).replace("generationConfig", "generation_config")
+                       .replace("maxOutputTokens", "max_output_tokens").replace("silenceDurationMs", "silence_duration_ms"))
+    for given in (camel, snake):
+        config = setup(LiveCodec(), **given)
+        assert config.modalities == ["text", "audio"] and config.voice == "Puck"
+        assert (config.sampling.max_tokens, config.sampling.temperature, config.sampling.top_p, config.sampling.seed) == (
+            50, 0.5, 0.9, 3)
+        assert config.system_prompt == "be brief" and config.resume_token == "abc"
+        vad = config.turn_detection
+        assert (vad.threshold, vad.silence_ms, vad.prefix_padding_ms, vad.interrupt_response) == (0.3, 400, 100, False)
+    text = setup(LiveCodec(), generationConfig={"responseModalities": ["TEXT"]},
+                 realtimeInputConfig={"automaticActivityDetection": {"disabled": True}})
+    assert text.modalities == ["text"] and text.turn_detection is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"setup": {"tools": [{"functionDeclarations": [{"name": "f"}]}]}},
+        {"setup": {"generationConfig": {"temperature": "0.5"}}},
+        {"setup": {"generationConfig": {"responseModalities": ["IMAGE"]}}},
+        {"setup": {"unknownField": 1}},
+        {"setup": {"livesight": {"watches": [{"condition": "a door?"}]}}},  # no proactivity
+        {"realtimeInput": {"text": "hi"}},  # before setup
+        {"setup": {}, "realtime_input": {"text": "hi"}},  # two messages in one
+        {"setup": {"generationConfig": {}, "generation_config": {}}},  # one field under both names
+    ],
+)
+def test_a_bad_first_message_is_invalid_config(bad: dict) -> None:
+    """Anything but a valid setup first: invalid_config (a close with 1007)."""
+    with pytest.raises(SessionError) as refused:
+        LiveCodec().decode(json.dumps(bad))
+    assert refused.value.code is ErrorCode.INVALID_CONFIG
+
+
+def test_both_base64_alphabets_with_or_without_padding() -> None:
+    """URL-safe (the SDK's) and standard base64, padded or not, reach the core as standard."""
+    standard = base64.b64encode(JPEG).decode()
+    urlsafe = base64.urlsafe_b64encode(JPEG).decode().rstrip("=")
+    assert "-" in urlsafe or "_" in urlsafe
+    assert standard_base64(urlsafe) == standard == standard_base64(standard)
+    codec = LiveCodec()
+    setup(codec)
+    for data in (standard, urlsafe):
+        [event] = codec.decode(json.dumps({"realtime_input": {"video": {"data": data, "mime_type": "image/jpeg"}}}))
+        assert isinstance(event, VideoFrame) and base64.b64decode(event.data) == JPEG
+
+
+def test_realtime_input_and_client_content_map_to_core_events() -> None:
+    """audio (resampled to 16 kHz), text, clientContent with and without turnComplete,
+    activityStart/End with activity detection off."""
+    codec = LiveCodec()
+    setup(codec, realtimeInputConfig={"automaticActivityDetection": {"disabled": True}})
+    pcm24 = b"\x01\x00" * 2400  # 100 ms at 24 kHz
+    [audio] = codec.decode(json.dumps({"realtimeInput": {"audio": {
+        "data": base64.b64encode(pcm24).decode(), "mimeType": "audio/pcm;rate=24000"}}}))
+    assert isinstance(audio, AudioChunkIn) and len(base64.b64decode(audio.data)) == 1600 * 2
+    [query] = codec.decode(json.dumps({"realtimeInput": {"text": "what now?"}}))
+    assert isinstance(query, VideoQuery) and query.text == "what now?"
+    [held] = codec.decode(json.dumps({"clientContent": {"turns": [{"role": "user", "parts": [{"text": "first"}]}]}}))
+    assert isinstance(held, UserInput) and held.text == "first"
+    frame, asked = codec.decode(json.dumps({"client_content": {"turns": [{"parts": [
+        {"inlineData": {"data": base64.b64encode(JPEG).decode(), "mimeType": "image/jpeg"}}, {"text": "and this?"}]}],
+        "turnComplete": True}}))
+    assert isinstance(frame, VideoFrame) and isinstance(asked, VideoQuery) and asked.text == "and this?"
+    cancel, clear = codec.decode(json.dumps({"realtimeInput": {"activityStart": {}}}))
+    assert isinstance(cancel, ResponseCancel) and isinstance(clear, ClearAudio)
+    [end] = codec.decode(json.dumps({"realtimeInput": {"activityEnd": {}}}))
+    assert isinstance(end, VideoQuery) and end.text == ""
+    assert codec.decode(json.dumps({"realtimeInput": {"audioStreamEnd": True}})) == []
+
+
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        ({"toolResponse": {"functionResponses": []}}, ErrorCode.UNKNOWN_TYPE),
+        ({"setup": {}}, ErrorCode.INVALID_MESSAGE),  # a second setup
+        ({"realtimeInput": {"activityStart": {}}}, ErrorCode.INVALID_MESSAGE),  # activity detection is on
+        ({"realtimeInput": {"text": "a", "audioStreamEnd": True}}, ErrorCode.INVALID_MESSAGE),
+        ({"clientContent": {"turns": [{"role": "model", "parts": [{"text": "x"}]}]}}, ErrorCode.INVALID_MESSAGE),
+        ({"realtimeInput": {"audio": {"data": "AAAA", "mimeType": "audio/pcm;rate=16000"}}}, ErrorCode.INVALID_AUDIO),
+        ({"realtimeInput": {"audio": {"data": "@@@@", "mimeType": "audio/pcm"}}}, ErrorCode.INVALID_AUDIO),
+        ({"realtimeInput": {"audio": {"data": "AAAA", "mimeType": "audio/pcm;rate=99"}}}, ErrorCode.INVALID_AUDIO),
+        ({"realtimeInput": {"audio": {"data": "AAAA", "mimeType": "audio/wav"}}}, ErrorCode.INVALID_AUDIO),
+        ({"realtimeInput": {"video": {"data": "AAAA", "mimeType": "video/mp4"}}}, ErrorCode.INVALID_IMAGE),
+        ({"realtimeInput": {"text": "\ud800"}}, ErrorCode.INVALID_MESSAGE),
+        ({"bogus": 1}, ErrorCode.INVALID_MESSAGE),
+    ],
+)
+def test_bad_messages_after_setup(message: dict, code: ErrorCode) -> None:
+    """Each bad message raises the code the docs give it (closes or skips, per CLOSES)."""
+    codec = LiveCodec()
+    setup(codec)
+    with pytest.raises(SessionError) as refused:
+        codec.decode(json.dumps(message))
+    assert refused.value.code is code
+
+
+def test_not_json_is_invalid_json() -> None:
+    """NaN and broken JSON are not JSON."""
+    for raw in ("{", '{"setup": NaN}', b"\xff"):
+        with pytest.raises(SessionError) as refused:
+            parse_client_message(raw)
+        assert refused.value.code is ErrorCode.INVALID_JSON
+
+
+def _done(status: str, **fields: object) -> ResponseDone:
+    usage = UsageInfo(prompt_tokens=120, cached_tokens=100, completion_tokens=5, image_tokens=100, text_tokens=20)
+    return ResponseDone(request_id="r", status=status, usage=usage, timings=Timings(total_ms=1.0), **fields)
+
+
+def test_server_events_become_live_messages() -> None:
+    """setupComplete then sessionResumptionUpdate; text parts; generationComplete then
+    turnComplete with usageMetadata; interrupted; goAway; a closing error; an empty turn for
+    a question with no frame."""
+    codec = LiveCodec()
+    setup(codec, generationConfig={"responseModalities": ["TEXT"]}, sessionResumption={})
+    first, update = ready(codec)
+    assert first == {"setupComplete": {"sessionId": "s" * 32}}
+    assert update == {"sessionResumptionUpdate": {"newHandle": "tok", "resumable": True}}
+    assert codec.encode(ResponseStart(request_id="r", modalities=["text"])) == []
+    [delta] = [json.loads(m) for m in codec.encode(ResponseTextDelta(request_id="r", delta="hi"))]
+    assert delta == {"serverContent": {"modelTurn": {"role": "model", "parts": [{"text": "hi"}]}}}
+    generation, turn = [json.loads(m) for m in codec.encode(_done("completed"))]
+    assert generation == {"serverContent": {"generationComplete": True}}
+    assert turn["serverContent"] == {"turnComplete": True}
+    assert turn["usageMetadata"] == {
+        "promptTokenCount": 120, "cachedContentTokenCount": 100, "responseTokenCount": 5, "totalTokenCount": 125,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 20}, {"modality": "IMAGE", "tokenCount": 100}],
+        "responseTokensDetails": [{"modality": "TEXT", "tokenCount": 5}],
+    }
+    [cut] = [json.loads(m) for m in codec.encode(_done("interrupted", interrupted_by="speech"))]
+    assert cut["serverContent"] == {"interrupted": True}
+    assert codec.encode(_done("interrupted", interrupted_by="session_end")) == []
+    [away] = [json.loads(m) for m in codec.encode(SessionClosing(deadline_ms=12_500))]
+    assert away == {"goAway": {"timeLeft": "12.5s"}}
+    [empty] = [json.loads(m) for m in codec.encode(ErrorEvent(code="no_frames", message="no frame"))]
+    assert empty == {"serverContent": {"turnComplete": True}}
+    assert codec.encode(ErrorEvent(code="invalid_image", message="bad")) == []  # skipped
+    with pytest.raises(CloseConnection) as closed:
+        codec.encode(ErrorEvent(code="invalid_message", message="x" * 500))
+    assert closed.value.code == 1007 and len(closed.value.reason.encode()) <= 123
