@@ -540,7 +540,8 @@ class Session:
                         return
                     elif isinstance(event, AnswerRequest):
                         self.answers_asked -= 1
-                        self.core.check_request(event, self.turn is not None)
+                        running = self.turn is not None and self.turn.stopped_by is None  # a stopped one is ending
+                        self.core.check_request(event, running)
                         await self.interrupt("question")
                         await self._start_turn(self.core.plan_answer(event), received)
                     elif isinstance(event, WATCH_EVENTS):

@@ -67,9 +67,10 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
     and ends, and no error frame comes (Pipecat would stop reading at one)."""
     llm = OpenAIRealtimeLLMService(
         api_key="unused", base_url=f"ws://{server.host}:{server.port}/v1/realtime",
-        session_properties=events.SessionProperties(
-            output_modalities=["text"], audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)),
-        ),
+        settings=OpenAIRealtimeLLMService.Settings(session_properties=events.SessionProperties(
+            output_modalities=["text"], max_output_tokens=32,
+            audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)),
+        )),
     )
     collector = Collector()
     task = PipelineTask(Pipeline([llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
@@ -91,3 +92,62 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
         await task.cancel()
     assert "".join(f.text for f in collector.of(LLMTextFrame))
     assert not collector.of(ErrorFrame), collector.of(ErrorFrame)
+
+
+async def test_the_user_talks_over_a_spoken_answer_and_asks_again(server: RunningServer) -> None:
+    """Audio out, no turn detection: while the answer plays the user starts talking
+    (InterruptionFrame): Pipecat cancels it and truncates its item at what was played; the
+    item then holds only those words; the spoken question that follows (committed at
+    UserStoppedSpeakingFrame) is answered with audio, and no error comes."""
+    from pipecat.frames.frames import InputAudioRawFrame, InterruptionFrame, TTSAudioRawFrame, UserStoppedSpeakingFrame
+
+    from server.bench.spoken import speak_clip
+    from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
+
+    llm = OpenAIRealtimeLLMService(
+        api_key="unused", base_url=f"ws://{server.host}:{server.port}/v1/realtime",
+        settings=OpenAIRealtimeLLMService.Settings(session_properties=events.SessionProperties(
+            output_modalities=["audio"], max_output_tokens=48,
+            audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)),
+        )),
+    )
+    assistant_items: list[str] = []
+
+    @llm.event_handler("on_conversation_item_created")
+    async def on_item(service: Any, item_id: str, item: Any) -> None:
+        if item.role == "assistant":
+            assistant_items.append(item_id)
+
+    collector = Collector()
+    task = PipelineTask(Pipeline([llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
+    clip = speak_clip("what is on the table", noise=30, seed=1)
+    pcm24 = resample(Pcm(clip.pcm16, INPUT_RATE), OUTPUT_RATE).samples
+    step = OUTPUT_RATE * 2 // 50  # 20 ms
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(PipelineRunner(handle_sigint=False).run, task)
+        with anyio.fail_after(30):
+            while not llm._api_session_ready:
+                await anyio.sleep(0.05)
+        await task.queue_frame(image_frame(2))
+        await anyio.sleep(0.5)
+        await task.queue_frame(LLMContextFrame(LLMContext(messages=[{"role": "user", "content": "Describe it all."}])))
+        await collector.wait(TTSAudioRawFrame)
+        await anyio.sleep(0.4)  # some of it has played
+        await task.queue_frame(InterruptionFrame())
+        cut = len(collector.frames)
+        for i in range(0, len(pcm24), step):
+            await task.queue_frame(InputAudioRawFrame(audio=pcm24[i : i + step], sample_rate=OUTPUT_RATE, num_channels=1))
+        await task.queue_frame(UserStoppedSpeakingFrame())
+        with anyio.fail_after(120):
+            while not any(isinstance(f, TTSAudioRawFrame) for f in collector.frames[cut:]):
+                await anyio.sleep(0.05)
+        with anyio.fail_after(30):
+            first = await llm.retrieve_conversation_item(assistant_items[0])
+        await collector.wait(LLMFullResponseEndFrame, 2)
+        await task.cancel()
+    heard = first.content[0].transcript or ""
+    said = "".join(f.text for f in collector.frames[:cut] if isinstance(f, LLMTextFrame))
+    assert len(assistant_items) >= 2
+    assert len(heard.split()) < len(said.split()) and "[interrupted]" not in heard  # cut to what played
+    assert all(word in said for word in heard.split())
+    assert not collector.of(ErrorFrame)
