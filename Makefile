@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps serve test test-core bench clean
 
-# Debian packages the test suite drives (a real Chromium for the browser test).
-APT_PACKAGES := chromium docker-compose
+# Debian packages the test suite drives (a real Chromium for the browser test, HAProxy for the
+# routing tests).
+APT_PACKAGES := chromium docker-compose haproxy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -60,14 +60,15 @@ TIERS: dict[str, str] = {
     "server/test_intake_faults.py": "heavy",  # floods, 64 sessions, rounds of RSS
     "server/test_fresh_boot.py": "heavy",  # unshare and a pytest child
     "server/test_fairness.py": "heavy",  # busy cores, floods
-    "server/test_watch_colours.py": "heavy",
-    "server/test_gateway_routing.py": "heavy",  # HAProxy in front of two `livesight serve`  # the trained colours model on three engines, vLLM
+    "server/test_watch_colours.py": "heavy",  # the trained colours model on three engines, vLLM
+    "server/test_gateway_routing.py": "heavy",  # HAProxy in front of two `livesight serve`
     "engines": "socket",
     "engines/test_model_thread.py": "core",
     "engines/test_detokenizer.py": "core",
     "engines/test_engine_vllm.py": "heavy",
     "engines/test_engine_openai.py": "heavy",
     "engines/test_engine_check_vllm.py": "heavy",  # vLLM in process and behind its OpenAI server
+    "engines/test_engine_router.py": "heavy",  # HAProxy in front of two vLLM servers
     "engines/test_vllm_cpu_defaults.py": "heavy",
     "models": "socket",
     "models/test_colours.py": "heavy",  # trains the colours model of each family (minutes)

@@ -15,6 +15,11 @@ yet (after ``session.ready.last_frame_id``) are sent again from a short replay b
 the session cannot be resumed (another server after a restart), a new one starts with the
 same config and the replay buffer. ``resumes`` counts the reconnections.
 
+Every connection of a client carries the same routing key in its URL (``?route=KEY``, random
+per client unless given): a load balancer hashing on it (HAProxy ``balance url_param route``,
+nginx ``hash $arg_route consistent``, Envoy ``hash_policy.query_parameter``) sends a reconnect
+to the gateway that holds the parked session. The server itself ignores it.
+
 Frame sources are in ``server.client.sources``; playing one into a client, as ``livesight
 stream`` does, is ``server.client.runner``.
 """
@@ -22,12 +27,14 @@ stream`` does, is ``server.client.runner``.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import websockets
 
@@ -122,6 +129,22 @@ class FrameStats:
     shed: int = 0  # dropped by a busy server (``reason: "overloaded"``)
 
 
+#: The query parameter of the routing key.
+ROUTE_PARAM = "route"
+
+
+def new_route() -> str:
+    """A random routing key (URL-safe, 16 characters)."""
+    return secrets.token_urlsafe(12)
+
+
+def with_route(url: str, route: str) -> str:
+    """``url`` carrying ``route`` as its routing key (replacing one it had)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != ROUTE_PARAM]
+    return urlunsplit(parts._replace(query=urlencode([*query, (ROUTE_PARAM, route)])))
+
+
 class StreamClient:
     """One livesight session over a ``Connection``. Create it with ``StreamClient.connect``."""
 
@@ -152,17 +175,20 @@ class StreamClient:
     @asynccontextmanager
     async def connect(
         cls, url: str, config: dict[str, Any] | None = None, *, api_key: str | None = None, open_timeout: float = 30,
-        resume: bool = True, replay_frames: int = 64,
+        resume: bool = True, replay_frames: int = 64, route: str | None = None,
     ) -> AsyncIterator[StreamClient]:
         """Open a session with ``config`` (the ``session.config`` fields); closes it on exit.
-        With ``resume``, a dropped connection is resumed (see the module docstring).
+        With ``resume``, a dropped connection is resumed (see the module docstring). ``route``:
+        the routing key every connection carries (default: a random one for this client).
 
         Raises ``StreamError`` when the server refuses the session, ``OSError`` or
         ``websockets.InvalidURI``/``InvalidHandshake`` when it cannot be reached.
         """
 
+        routed = with_route(url, route or new_route())
+
         async def open_session(extra: dict[str, Any]) -> tuple[Connection, SessionReady]:
-            conn, ready = await Connection.open(url, {**(config or {}), **extra}, api_key=api_key,
+            conn, ready = await Connection.open(routed, {**(config or {}), **extra}, api_key=api_key,
                                                 open_timeout=open_timeout)
             return conn, ready.event
 

@@ -6,6 +6,20 @@ const FINAL_ERRORS = new Set(["invalid_config", "unauthorized", "forbidden_origi
 const BACKOFF_S = [1, 2, 4, 8, 15];
 
 /**
+ * This tab's routing key: every connection carries it (`?route=`), so a load balancer hashing
+ * on it sends a reconnect to the gateway holding the session. Kept for the tab's life.
+ */
+function routeKey() {
+  let key = sessionStorage.getItem("livesight.route");
+  if (!key) {
+    const bytes = crypto.getRandomValues(new Uint8Array(12));
+    key = btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_");
+    sessionStorage.setItem("livesight.route", key);
+  }
+  return key;
+}
+
+/**
  * One logical session that survives dropped connections.
  *
  * States: "idle" -> "connecting" -> "ready" (session.ready received) -> "reconnecting"
@@ -68,6 +82,7 @@ export class Connection {
     // browsers fail the handshake.
     const key = this.hooks.apiKey();
     if (key) url.searchParams.set("api_key", key);
+    url.searchParams.set("route", routeKey());
     this.setState("connecting");
     const ws = new WebSocket(url.href);
     this.ws = ws;

@@ -93,6 +93,31 @@ def test_monitoring_profile_adds_prometheus_and_grafana() -> None:
     assert livesight_job["metrics_path"] == "/metrics"
 
 
+def test_router_profile_puts_haproxy_in_front_of_both_tiers() -> None:
+    """The `router` profile: HAProxy on the repository's haproxy.cfg (which HAProxy itself
+    accepts with the profile's addresses) in front of the two gateways and the two vLLM
+    replicas, both gateways reaching vLLM through it; the default `up` is unchanged."""
+    config = _config("docker-compose.yml", MODEL=MODEL, LIVESIGHT_OPENAI_URLS="http://haproxy:9000")
+    services = config["services"]
+    assert {services[n]["profiles"][0] for n in ("haproxy", "vllm-b", "livesight-b")} == {"router"}
+    assert "profiles" not in services["livesight"] and "profiles" not in services["vllm"]
+    env = services["haproxy"]["environment"]
+    assert (env["LIVESIGHT_GATEWAY_1"], env["LIVESIGHT_GATEWAY_2"]) == ("livesight:8000", "livesight-b:8000")
+    assert (env["VLLM_1"], env["VLLM_2"]) == ("vllm:8000", "vllm-b:8000")
+    for gateway in ("livesight", "livesight-b"):
+        assert services[gateway]["environment"]["LIVESIGHT_OPENAI_URLS"] == "http://haproxy:9000"
+    (mount,) = services["haproxy"]["volumes"]
+    assert str(mount).split(":")[0] == str(DOCKER / "haproxy.cfg")
+    assert _config("docker-compose.yml", MODEL=MODEL)["services"]["livesight"]["environment"][
+        "LIVESIGHT_OPENAI_URLS"] == "http://vllm:8000"
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.fail("haproxy is not installed (make system-deps installs it)")
+    checked = subprocess.run([haproxy, "-c", "-f", str(DOCKER / "haproxy.cfg")], capture_output=True, text=True,
+                             env={**os.environ, **{k: str(v) for k, v in env.items()}})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_stop_grace_period_outlasts_the_drain() -> None:
     """Both compose files give the server longer to stop than its drain timeout (plus margin)."""
     for name in ("docker-compose.yml", "docker-compose.single.yml"):
