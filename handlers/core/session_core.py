@@ -27,6 +27,7 @@ from handlers.wire.commands import (
     ConfigUpdate,
     ConfigUpdated,
     DeleteItem,
+    IdleTimeout,
     InputMessage,
     InputTranscribed,
     OutputAudioCleared,
@@ -197,6 +198,7 @@ class QueryPlan:
     audio_pieces: list[tuple[float, str]] = field(default_factory=list)  # (audio ms so far, words)
     heard_ms: int | None = None  # truncated by the client while it ran: what it played
     deleted: bool = False  # deleted by the client while it ran: it does not join the timeline
+    after_silence: bool = False  # started by the idle timeout (which then waits for the next answer)
 
 
 #: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
@@ -272,6 +274,8 @@ class SessionCore:
         self.speech_item: str | None = None  # the item id of the speech heard now (or last)
         self.items = Conversation(self)  # the conversation's items as a Realtime client edits them
         self.running: QueryPlan | None = None  # the answer asked or running (until ``finish``)
+        self.idle_at: float | None = None  # when silence starts an answer (turn_detection.idle_timeout_ms)
+        self._idle_since = 0  # the stream sample the silence counts from
         self._speech_items = itertools.count(1)
         self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
         self._unchecked = False  # an accepted frame no round of checks has looked at
@@ -552,6 +556,7 @@ class SessionCore:
             out.append(event)
             if isinstance(event, SpeechStarted):
                 self.speech_item = f"item_speech_{self.session_id[:8]}_{next(self._speech_items)}"
+                self.idle_at = None  # someone speaks: no answer for the silence
             if isinstance(event, SpeechStopped):
                 pcm = self._audio_between(event.start_sample - padding, event.detected_sample)
                 self._drop_audio_before(event.detected_sample)
@@ -691,9 +696,35 @@ class SessionCore:
         self.items.appended(question.item_id or None)
         return plan
 
+    def answer_ended(self, plan: QueryPlan, now_s: float) -> None:
+        """An answer's end was sent (``now_s``: the caller's monotonic clock): with an idle
+        timeout, silence from when its audio has played on starts an answer (once: not after
+        the answer a silence started)."""
+        turns = self.config.turn_detection
+        if turns is None or turns.idle_timeout_ms is None or self.detector is None or plan.after_silence:
+            return  # once per silence: the answer a silence started arms nothing
+        audio_s = plan.audio_pieces[-1][0] / 1000 if plan.audio_pieces else 0.0
+        self.idle_at = now_s + audio_s + turns.idle_timeout_ms / 1000
+        self._idle_since = self.audio_total
+
+    def plan_idle(self) -> tuple[QueryPlan, IdleTimeout]:
+        """The answer a silence starts (no question: the conversation so far prompts it), and
+        the event that says why. Raises ``no_frames``."""
+        self.idle_at = None
+        frames = self.candidate_frames()
+        if not frames:
+            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the idle timeout's answer")
+        item_id = f"item_idle_{self.session_id[:8]}_{next(self._speech_items)}"
+        event = IdleTimeout(item_id=item_id, audio_start_ms=self._idle_since * 1000 / RATE,
+                            audio_end_ms=self.audio_total * 1000 / RATE)
+        plan = self._plan(frames, "", None)
+        plan.after_silence = True
+        return plan, event
+
     def _plan(
         self, frames: list[Frame], question: str, audio: AudioSegment | None, request: AnswerRequest | None = None
     ) -> QueryPlan:
+        self.idle_at = None  # an answer is asked: the silence it waited for is over
         self.buffer.pin(frames)
         sampling = self.config.sampling
         max_tokens = sampling.max_tokens

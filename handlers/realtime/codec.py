@@ -40,6 +40,7 @@ from handlers.wire.commands import (
     ConfigUpdate,
     ConfigUpdated,
     DeleteItem,
+    IdleTimeout,
     InputAdded,
     InputMessage,
     InputTranscribed,
@@ -155,7 +156,6 @@ class RealtimeCodec:
         self.config: dict[str, Any] = {}  # the core's effective configuration
         self.vad_type = "server_vad"  # what the client asked for (semantic_vad is served by server VAD)
         self.eagerness: str = "auto"
-        self.idle_timeout_ms: int | None = None
         self.refused: list[str] = []  # the last session.update's parts that were not applied
         self.notes: list[str] = []  # what the server changed of what was asked (the core's notes)
         self._last_response: str | None = None
@@ -244,12 +244,10 @@ class RealtimeCodec:
         self.vad_type = vad.type
         if isinstance(vad, rt.SemanticVad):
             self.eagerness = vad.eagerness or "auto"
-            self.idle_timeout_ms = None
             wanted = {"silence_ms": rt.SEMANTIC_SILENCE_MS[self.eagerness]}
         else:
-            self.idle_timeout_ms = vad.idle_timeout_ms
             wanted = {"threshold": vad.threshold, "silence_ms": vad.silence_duration_ms,
-                      "prefix_padding_ms": vad.prefix_padding_ms}
+                      "prefix_padding_ms": vad.prefix_padding_ms, "idle_timeout_ms": vad.idle_timeout_ms}
         wanted |= {"create_response": vad.create_response, "interrupt_response": vad.interrupt_response}
         return {k: v for k, v in wanted.items() if v is not None}
 
@@ -349,6 +347,9 @@ class RealtimeCodec:
         if isinstance(event, ItemTruncated):
             return [rt.ConversationItemTruncated(event_id=self._eid(), item_id=event.item_id,
                                                  content_index=event.content_index, audio_end_ms=event.audio_end_ms)]
+        if isinstance(event, IdleTimeout):
+            return [rt.TimeoutTriggered(event_id=self._eid(), item_id=event.item_id,
+                                        audio_start_ms=int(event.audio_start_ms), audio_end_ms=int(event.audio_end_ms))]
         if isinstance(event, OutputAudioCleared):
             response_id = self._last_response or f"resp_{self.session_id[5:13]}_none"
             return [rt.OutputAudioBufferCleared(event_id=self._eid(), response_id=response_id)]
@@ -546,7 +547,7 @@ class RealtimeCodec:
             return rt.SemanticVadOut(eagerness=self.eagerness, create_response=create, interrupt_response=interrupt)
         return rt.ServerVadOut(
             threshold=vad["threshold"], prefix_padding_ms=vad["prefix_padding_ms"], silence_duration_ms=vad["silence_ms"],
-            create_response=create, interrupt_response=interrupt, idle_timeout_ms=self.idle_timeout_ms,
+            create_response=create, interrupt_response=interrupt, idle_timeout_ms=vad.get("idle_timeout_ms"),
         )
 
     def _max_output_tokens(self) -> int:

@@ -34,6 +34,7 @@ Server -> client:
     output_audio_buffer.cleared,
     input_audio_buffer.speech_started, input_audio_buffer.speech_stopped,
     input_audio_buffer.committed, input_audio_buffer.cleared,
+    input_audio_buffer.timeout_triggered,
     conversation.item.input_audio_transcription.completed, response.created,
     response.output_item.added, response.output_item.done, response.content_part.added,
     response.content_part.done, response.output_text.delta, response.output_text.done,
@@ -567,6 +568,15 @@ class AudioBufferCommitted(RealtimeServerEvent):
     type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
     previous_item_id: str | None = None
     item_id: str
+
+
+class TimeoutTriggered(RealtimeServerEvent):
+    """``server_vad.idle_timeout_ms`` passed in silence after an answer: a response follows."""
+
+    type: Literal["input_audio_buffer.timeout_triggered"] = "input_audio_buffer.timeout_triggered"
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
 
 
 class AudioBufferCleared(RealtimeServerEvent):

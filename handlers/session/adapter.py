@@ -205,6 +205,7 @@ class Session:
                 tg.start_soon(self._read, frames_in, turns_in)
                 tg.start_soon(self._take_frames, frames_out)
                 tg.start_soon(self._take_turns, turns_out)
+                tg.start_soon(self._idle_loop)
                 if self.core.warm_prefix:
                     tg.start_soon(self._warm_loop)
                 elif self.core.config.prefix_warmup:
@@ -761,6 +762,8 @@ class Session:
                     pass  # the client left; the session is ending anyway
                 self.turns.end()
                 self.turn = None
+                self.core.answer_ended(plan, time.monotonic())
+                self._wake()  # the idle timeout may count from here
                 turn.done.set()
 
     async def _transcribe(self, turn: Turn) -> None:
@@ -809,6 +812,23 @@ class Session:
         await self.send(SessionDone())
         self.core.move_to(Phase.CLOSING)
         self._tg.cancel_scope.cancel()
+
+    async def _idle_loop(self) -> None:
+        """Start the answer a silence asks for (``turn_detection.idle_timeout_ms``), when it is
+        due and nothing else is answering."""
+        while True:
+            await self._until(lambda: self.core.idle_at is not None and self.turn is None)
+            assert self.core.idle_at is not None
+            delay = self.core.idle_at - time.monotonic()
+            if delay > 0:
+                with anyio.move_on_after(delay):
+                    await self._changed.wait()  # something changed: look again
+                continue
+            try:
+                plan, timed_out = self.core.plan_idle()
+                await self._start_turn(plan, time.perf_counter(), before=[timed_out])
+            except SessionError as exc:
+                log.info("idle timeout with nothing to answer over: %s", exc.message)
 
     # ------------------------------------------------------------------ warm prefix
     async def _warm_loop(self) -> None:

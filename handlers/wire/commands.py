@@ -25,7 +25,7 @@ Commands (codec -> core):
 Events (core -> codec):
 
     ConfigUpdated, InputAdded, AudioCommitted, AudioCleared, ItemDeleted, ItemRetrieved,
-    ItemTruncated, OutputAudioCleared,
+    ItemTruncated, OutputAudioCleared, IdleTimeout (an answer starts after a silence),
     InputTranscribed (a spoken turn kept for the next answer, as words)
 
 ``SessionCore.apply`` carries out every command but ``AnswerRequest`` (which starts an
@@ -220,6 +220,16 @@ class ItemTruncated(ServerEvent):
     item_id: str
     content_index: int
     audio_end_ms: int
+
+
+class IdleTimeout(ServerEvent):
+    """Nobody spoke for ``turn_detection.idle_timeout_ms`` after an answer: an answer starts by
+    itself. ``audio_start_ms`` / ``audio_end_ms``: the silent stretch of the microphone stream."""
+
+    type: Literal["core.idle_timeout"] = "core.idle_timeout"
+    item_id: str
+    audio_start_ms: float
+    audio_end_ms: float
 
 
 class OutputAudioCleared(ServerEvent):

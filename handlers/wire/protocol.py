@@ -104,6 +104,8 @@ class TurnDetection(BaseModel):
     for the next question or ``response.create``); ``interrupt_response``: speech that
     starts during an answer interrupts it (false: the answer goes on, and the words spoken
     over it wait like ``create_response: false``). Both default true, as in OpenAI's API.
+    ``idle_timeout_ms``: when nobody speaks for this long after an answer (counted from its
+    end plus the length of its audio), an answer starts without a question (none by default).
     """
 
     model_config = _STRICT
@@ -114,6 +116,8 @@ class TurnDetection(BaseModel):
     prefix_padding_ms: int = Field(300, ge=0, le=2000)
     create_response: bool = True
     interrupt_response: bool = True
+    #: After an answer's audio has had time to play, this much silence starts an answer by itself.
+    idle_timeout_ms: int | None = Field(None, ge=5000, le=30000)
 
     @model_validator(mode="before")
     @classmethod

@@ -450,3 +450,28 @@ async def test_a_realtime_flood_is_rate_limited_like_any_session(server: Running
         await anyio.sleep(1.2)
         events = await rt.ask("Still there?", max_output_tokens=2)
         assert events[-1]["response"]["status"] in {"completed", "incomplete"}
+
+
+async def test_idle_timeout_starts_a_response_after_a_silence(server: RunningServer) -> None:
+    """server_vad idle_timeout_ms: after an answer, that much silence gives
+    input_audio_buffer.timeout_triggered and a response by itself, once (not again after it)."""
+    import anyio
+
+    async with realtime(server) as rt:
+        await rt.conn.session.update(session={
+            "type": "realtime", "max_output_tokens": 4,
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}},
+        })
+        vad = (await rt.until("session.updated"))[-1]["session"]["audio"]["input"]["turn_detection"]
+        assert vad["idle_timeout_ms"] == 5000
+        await rt.add_image(8)
+        await rt.ask("What is it?")
+        started = anyio.current_time()
+        events = await rt.until("response.done", timeout=30)
+        assert anyio.current_time() - started >= 4.5
+        order = kinds(events)
+        assert order[0] == "input_audio_buffer.timeout_triggered" and "response.created" in order
+        assert events[-1]["response"]["status"] in {"completed", "incomplete"}
+        with anyio.move_on_after(6.5):
+            await rt.until("response.created", timeout=7)
+            raise AssertionError("a second silence answer")
