@@ -14,6 +14,7 @@ How the core shows up on this protocol, which has no error event and no per-fram
   16 kHz); ``text`` and ``clientContent`` with ``turnComplete`` a ``video.query``;
   ``activityStart`` clears the buffered audio (and stops the running answer, unless
   ``NO_INTERRUPTION``); ``activityEnd`` asks the buffered audio as the question;
+  ``clientContent``'s earlier turns (model turns too) are conversation items;
 - an answer is ``serverContent.modelTurn`` parts (text, or ``audio/pcm;rate=24000`` with the
   words as ``outputTranscription``), then ``generationComplete``, then ``turnComplete`` with
   ``usageMetadata``; an interrupted answer ends with ``interrupted``;
@@ -293,24 +294,36 @@ class LiveCodec:
         return AudioChunkIn(type="audio.chunk", data=base64.b64encode(raw).decode("ascii"))
 
     def _content(self, content: live.ClientContent, index: int) -> list[CoreInput]:
-        out: list[CoreInput] = []
-        texts: list[str] = []
+        """Images are frames; each turn's text is a conversation item (a ``model`` turn the
+        assistant's), except, with ``turnComplete``, the user's text after the last model
+        turn: that is the question."""
+        frames: list[CoreInput] = []
+        texts: list[tuple[str, str]] = []  # (role, text) of each turn
         for t, turn in enumerate(content.turns or []):
-            if turn.role not in {None, "user"}:
-                raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent turns are the user's, not {turn.role[:20]!r}")
+            if turn.role not in {None, "user", "model"}:
+                raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent turns are user or model turns, not {turn.role[:20]!r}")
+            role = "assistant" if turn.role == "model" else "user"
+            words = []
             for n, part in enumerate(turn.parts):
-                if part.text is not None:
-                    texts.append(part.text)
-                elif part.inline_data is not None:
-                    out.append(self._blob(part.inline_data, f"{self._prefix}.{index}.{t}.{n}"))
-        text = "\n".join(t for t in texts if t)
-        if len(text) > MAX_QUESTION_CHARS:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent: a turn's text is at most {MAX_QUESTION_CHARS} characters")
+                if part.inline_data is not None and role == "assistant":
+                    raise SessionError(ErrorCode.INVALID_MESSAGE, "a model turn holds text only")
+                if part.inline_data is not None:
+                    frames.append(self._blob(part.inline_data, f"{self._prefix}.{index}.{t}.{n}"))
+                elif part.text:
+                    words.append(part.text)
+            if words:
+                texts.append((role, "\n".join(words)))
+        question: list[str] = []
         if content.turn_complete:
-            out.append(VideoQuery(type="video.query", text=text))
-        elif text:
-            out.append(UserInput(item_id=f"{self._prefix}.{index}", text=text))  # waits for turnComplete
-        return out
+            while texts and texts[-1][0] == "user":
+                question.insert(0, texts.pop()[1])
+        if any(len(text) > MAX_QUESTION_CHARS for _, text in texts) or len("\n".join(question)) > MAX_QUESTION_CHARS:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent: a turn's text is at most {MAX_QUESTION_CHARS} characters")
+        items: list[CoreInput] = [
+            UserInput(item_id=f"{self._prefix}.{index}.{n}", role=role, text=text) for n, (role, text) in enumerate(texts)
+        ]
+        asked: list[CoreInput] = [VideoQuery(type="video.query", text="\n".join(question))] if content.turn_complete else []
+        return [*frames, *items, *asked]
 
     # ------------------------------------------------------------------ core -> client
     def encode(self, event: ServerEvent) -> list[str]:

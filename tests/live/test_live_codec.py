@@ -119,6 +119,11 @@ def test_realtime_input_and_client_content_map_to_core_events() -> None:
         {"inlineData": {"data": base64.b64encode(JPEG).decode(), "mimeType": "image/jpeg"}}, {"text": "and this?"}]}],
         "turnComplete": True}}))
     assert isinstance(frame, VideoFrame) and isinstance(asked, VideoQuery) and asked.text == "and this?"
+    user, model, last = codec.decode(json.dumps({"clientContent": {"turns": [
+        {"role": "user", "parts": [{"text": "I am Ann."}]}, {"role": "model", "parts": [{"text": "Hello Ann."}]},
+        {"role": "user", "parts": [{"text": "Who am I?"}]}], "turnComplete": True}}))
+    assert (user.role, user.text, model.role, model.text) == ("user", "I am Ann.", "assistant", "Hello Ann.")
+    assert isinstance(last, VideoQuery) and last.text == "Who am I?"
     cancel, clear = codec.decode(json.dumps({"realtimeInput": {"activityStart": {}}}))
     assert isinstance(cancel, ResponseCancel) and isinstance(clear, ClearAudio)
     [end] = codec.decode(json.dumps({"realtimeInput": {"activityEnd": {}}}))
@@ -133,7 +138,9 @@ def test_realtime_input_and_client_content_map_to_core_events() -> None:
         ({"setup": {}}, ErrorCode.INVALID_MESSAGE),  # a second setup
         ({"realtimeInput": {"activityStart": {}}}, ErrorCode.INVALID_MESSAGE),  # activity detection is on
         ({"realtimeInput": {"text": "a", "audioStreamEnd": True}}, ErrorCode.INVALID_MESSAGE),
-        ({"clientContent": {"turns": [{"role": "model", "parts": [{"text": "x"}]}]}}, ErrorCode.INVALID_MESSAGE),
+        ({"clientContent": {"turns": [{"role": "tool", "parts": [{"text": "x"}]}]}}, ErrorCode.INVALID_MESSAGE),
+        ({"clientContent": {"turns": [{"role": "model", "parts": [{"inlineData": {"data": "AAAA"}}]}]}},
+         ErrorCode.INVALID_MESSAGE),
         ({"realtimeInput": {"audio": {"data": "AAAA", "mimeType": "audio/pcm;rate=16000"}}}, ErrorCode.INVALID_AUDIO),
         ({"realtimeInput": {"audio": {"data": "@@@@", "mimeType": "audio/pcm"}}}, ErrorCode.INVALID_AUDIO),
         ({"realtimeInput": {"audio": {"data": "AAAA", "mimeType": "audio/pcm;rate=99"}}}, ErrorCode.INVALID_AUDIO),

@@ -202,3 +202,37 @@ async def test_manual_turns_with_activity_start_and_end(live_server: RunningServ
         await live.session.send_realtime_input(activity_start=types.ActivityStart())
         ended = await live.until(lambda m: bool(m.server_content and (m.server_content.interrupted or m.server_content.turn_complete)))
         assert ended[-1].server_content.interrupted
+
+
+async def test_seeded_history_joins_the_conversation(live_server: RunningServer) -> None:
+    """clientContent user and model turns without turnComplete (what Pipecat sends as its
+    context) join the conversation: the next question's prompt holds them."""
+    prompts = []
+    for history in ([], [ask("My name is Ann and I like red."),
+                         types.Content(role="model", parts=[types.Part(text="Hello Ann, noted.")])]):
+        async with live_session(live_server, TEXT) as live:
+            if history:
+                await live.session.send_client_content(turns=history, turn_complete=False)
+            await live.session.send_realtime_input(video=frame(50))
+            await live.session.send_client_content(turns=ask("What is it?"), turn_complete=True)
+            prompts.append(usage_of(await live.turn()).prompt_token_count)
+    assert prompts[1] > prompts[0] + 8, prompts
+
+
+async def test_tls_serves_every_endpoint(live_server: RunningServer, trust_live_tls) -> None:
+    """With a certificate, /healthz is https and protocol v1 is wss, as the Live path is."""
+    import ssl
+
+    import httpx
+
+    from tests.protocol_client import Client
+
+    context = ssl.create_default_context(cafile=str(trust_live_tls))
+    async with httpx.AsyncClient(verify=context) as http:
+        assert (await http.get(f"https://{live_server.host}:{live_server.port}/healthz")).json()["status"] == "ok"
+    url = f"wss://{live_server.host}:{live_server.port}/v1/video/chat/stream?api_key=live-test-key"
+    client, ready = await Client.open(url, {"sampling": {"max_tokens": 2}}, ssl=context)
+    try:
+        assert ready.type == "session.ready"
+    finally:
+        await client.close()
