@@ -11,7 +11,8 @@ How the core shows up on this protocol, which has no error event and no per-fram
   ``sessionResumptionUpdate`` with the resume token as its handle, when ``setup`` asked for
   resumption);
 - ``realtimeInput.video`` is a ``video.frame``; ``audio`` an ``audio.chunk`` (resampled to
-  16 kHz); ``text`` and ``clientContent`` with ``turnComplete`` a ``video.query``;
+  16 kHz); ``text`` and ``clientContent`` with ``turnComplete`` a ``video.query`` (a blank
+  ``text`` asks for an answer to what was given, unless one is already coming);
   ``activityStart`` clears the buffered audio (and stops the running answer, unless
   ``NO_INTERRUPTION``); ``activityEnd`` asks the buffered audio as the question;
   ``clientContent``'s earlier turns (model turns too) are conversation items;
@@ -36,7 +37,7 @@ from pydantic import ValidationError
 from handlers.live import messages as live
 from handlers.media.preparation import decode_base64
 from handlers.wire.codec import CloseConnection, CoreInput
-from handlers.wire.commands import ClearAudio, UserInput
+from handlers.wire.commands import AnswerRequest, ClearAudio, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
@@ -80,10 +81,11 @@ CLOSES: dict[ErrorCode, int] = {
     ErrorCode.TRANSCRIPTION_FAILED: 1011,
 }
 #: Skipped with a log line: a frame or an audio chunk the session goes on without, a message
-#: dropped by the rate limit, speech that failed (the answer's words still come as text).
+#: dropped by the rate limit, speech that failed (the answer's words still come as text), a
+#: blank ``text`` while an answer is coming.
 SKIPPED = frozenset(
     {ErrorCode.INVALID_IMAGE, ErrorCode.FRAME_TOO_LARGE, ErrorCode.INVALID_AUDIO, ErrorCode.AUDIO_OVERFLOW,
-     ErrorCode.RATE_LIMITED, ErrorCode.SPEECH_FAILED}
+     ErrorCode.RATE_LIMITED, ErrorCode.SPEECH_FAILED, ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE}
 )
 #: Close reasons said in Live's words where the core's would mislead a Live client.
 _LIVE_REASONS = {
@@ -264,6 +266,8 @@ class LiveCodec:
             return [self._blob(event.audio, None)]
         if event.media_chunks is not None:
             return [self._blob(blob, f"{self._prefix}.{index}.{n}") for n, blob in enumerate(event.media_chunks)]
+        if event.text is not None and not event.text.strip():
+            return [AnswerRequest(exclusive=True)]  # a nudge (Pipecat sends " "): answer, unless an answer is coming
         if event.text is not None:
             return [VideoQuery(type="video.query", text=event.text)]
         if event.activity_start is not None or event.activity_end is not None:

@@ -162,6 +162,7 @@ class Setup(_In):
     context_window_compression: ContextWindowCompression | None = None
     proactivity: ProactivityConfig | None = None
     explicit_vad_signal: bool | None = None  # ignored: no voiceActivityDetectionSignal is sent
+    history_config: dict[str, Any] | None = None  # ignored: clientContent turns join the conversation anyway
     safety_settings: list[dict[str, Any]] | None = None  # ignored
     labels: dict[str, str] | None = None  # ignored
     #: livesight's own settings (``session.config`` fields: frames, filter, watches, ...).

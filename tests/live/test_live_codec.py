@@ -11,7 +11,7 @@ import pytest
 from handlers.live.codec import LiveCodec, standard_base64
 from handlers.live.messages import parse_client_message
 from handlers.wire.codec import CloseConnection
-from handlers.wire.commands import ClearAudio, UserInput
+from handlers.wire.commands import AnswerRequest, ClearAudio, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
@@ -113,6 +113,8 @@ def test_realtime_input_and_client_content_map_to_core_events() -> None:
     assert isinstance(audio, AudioChunkIn) and len(base64.b64decode(audio.data)) == 1600 * 2
     [query] = codec.decode(json.dumps({"realtimeInput": {"text": "what now?"}}))
     assert isinstance(query, VideoQuery) and query.text == "what now?"
+    [nudge] = codec.decode(json.dumps({"realtimeInput": {"text": " "}}))
+    assert isinstance(nudge, AnswerRequest) and nudge.exclusive
     [held] = codec.decode(json.dumps({"clientContent": {"turns": [{"role": "user", "parts": [{"text": "first"}]}]}}))
     assert isinstance(held, UserInput) and held.text == "first"
     frame, asked = codec.decode(json.dumps({"client_content": {"turns": [{"parts": [
