@@ -192,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p_watch.add_argument("--seconds", type=float, default=20.0, help="how long each phase streams")
     p_watch.add_argument("--rounds", type=int, default=2, help="phases without and with watches, alternating")
 
+    p_live = bench_sub.add_parser("live", help="one Gemini Live SDK session for minutes: time to first output, RSS")
+    p_live.add_argument("--model", default=None, help="model path or id (default: the tiny random-weight model)")
+    p_live.add_argument("--minutes", type=float, default=20.0, help="how long the session streams")
+    p_live.add_argument("--fps", type=float, default=1.0, help="camera frames sent per second")
+    p_live.add_argument("--ask-every-s", type=float, default=60.0, help="seconds between typed questions")
+    p_live.add_argument("--max-tokens", type=int, default=16, help="tokens per answer")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -247,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             from server.bench.watch import run_watch
 
             print(run_watch(args.model, args.sessions, args.watches, args.seconds, args.rounds))
+        elif args.bench == "live":
+            from server.bench.live import run_live
+
+            run_live(args.model, args.minutes, args.fps, args.ask_every_s, args.max_tokens)
         elif args.bench == "voice":
             from server.bench.voice import run_voice
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.live.tls import self_signed
+from server.bench.tls import self_signed
 
 if TYPE_CHECKING:
     from server.background import RunningServer

@@ -1,5 +1,6 @@
 """A self-signed TLS certificate for 127.0.0.1 and localhost, made at run time with the
-``cryptography`` package (in the test extra): nothing secret is kept in the repository."""
+``cryptography`` package (in the test extra), for the Live tests and ``bench live``: nothing
+secret is kept in the repository."""
 
 from __future__ import annotations
 
