@@ -384,7 +384,7 @@ class LiveCodec:
 
     def _frame(self, ack: FrameAck) -> list[live.ServerMessage]:
         if ack.reason == "overloaded":
-            log.info("frame %s shed: the server is overloaded", ack.frame_id)
+            log.debug("frame %s shed: the server is overloaded", ack.frame_id)
         elif self._resumption and self._transparent and isinstance(ack.frame_id, str):
             if ack.frame_id.startswith(self._prefix):
                 return [self._resumption_update(ack.frame_id)]

@@ -205,3 +205,21 @@ def test_server_events_become_live_messages() -> None:
     with pytest.raises(CloseConnection) as closed:
         codec.encode(ErrorEvent(code="invalid_message", message="x" * 500))
     assert closed.value.code == 1007 and len(closed.value.reason.encode()) <= 123
+
+
+def test_the_doc_names_every_field_both_ways() -> None:
+    """docs/gemini-live.md names every field the codec reads or writes (as `camelCase`)."""
+    import re
+    from pathlib import Path
+
+    from pydantic.alias_generators import to_camel
+
+    from handlers.live import messages as live
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "gemini-live.md").read_text()
+    models = [live.Setup, live.GenerationConfig, live.RealtimeInputConfig, live.AutomaticActivityDetection,
+              live.SessionResumptionConfig, live.RealtimeInput, live.ClientContent, live.ClientMessage,
+              live.ServerMessage, live.ServerContent, live.UsageMetadata, live.SessionResumptionUpdate, live.GoAway]
+    missing = [f"{m.__name__}.{name}" for m in models for name in m.model_fields
+               if not re.search(rf"`[^`]*\b{to_camel(name)}\b[^`]*`", text)]
+    assert not missing, missing
