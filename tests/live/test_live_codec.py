@@ -223,3 +223,23 @@ def test_the_doc_names_every_field_both_ways() -> None:
     missing = [f"{m.__name__}.{name}" for m in models for name in m.model_fields
                if not re.search(rf"`[^`]*\b{to_camel(name)}\b[^`]*`", text)]
     assert not missing, missing
+
+
+@pytest.mark.parametrize(
+    "code, message, close_code, reason",
+    [
+        ("config_timeout", "no session.config within 10 s", 1008, "no setup within 10 s"),
+        ("resume_failed", "the resume token is unknown or expired; this is a new session", 1008, "sessionResumption"),
+        ("unauthorized", "a valid API key is required", 1008, "API key"),
+        ("too_many_sessions", "the server is at its limit", 1013, "limit"),
+        ("server_closing", "the server is shutting down", 1012, "shutting down"),
+        ("engine_error", "the engine failed to answer", 1011, "engine"),
+        ("idle_timeout", "nothing received for 60 s", 1000, "60 s"),
+    ],
+)
+def test_closing_errors_say_why_in_the_close(code: str, message: str, close_code: int, reason: str) -> None:
+    """An error the protocol can only answer by closing: its close code, and a reason in Live's words."""
+    with pytest.raises(CloseConnection) as closed:
+        LiveCodec().encode(ErrorEvent(code=code, message=message, closes_session=True))
+    assert closed.value.code == close_code and reason in closed.value.reason
+    assert "session.config" not in closed.value.reason and "new session" not in closed.value.reason
