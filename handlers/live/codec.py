@@ -149,7 +149,7 @@ class LiveCodec:
     #: or ends (turn detection), so it is transcribed while it arrives.
     commits_audio = False
 
-    def __init__(self, path_model: str | None = None) -> None:
+    def __init__(self) -> None:
         self._prefix = uuid.uuid4().hex[:6]  # frame ids stay unique in a resumed session
         self._index = itertools.count()  # client messages, setup = 0
         self._configured = False
@@ -161,7 +161,6 @@ class LiveCodec:
         self._interrupts = True  # activityStart stops the running answer
         self._manual = False  # automatic activity detection disabled: activityStart/End
         self._audio_answer = False  # the running answer speaks
-        self._path_model = path_model
 
     # ------------------------------------------------------------------ connect
     def opening(self) -> list[CoreInput]:
@@ -213,7 +212,7 @@ class LiveCodec:
         if gen.speech_config and gen.speech_config.voice_config and gen.speech_config.voice_config.prebuilt_voice_config:
             voice = gen.speech_config.voice_config.prebuilt_voice_config.voice_name
         fields: dict[str, Any] = {
-            "model": setup.model or self._path_model,
+            "model": setup.model,
             "modalities": ["text", "audio"] if modalities == ["AUDIO"] else ["text"],
             "system_prompt": _instruction(setup.system_instruction),
             "voice": voice,
