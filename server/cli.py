@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p_engine.add_argument("--fps", type=float, default=2.0, help="frames streamed per second")
     p_engine.add_argument("--modes", default="before,after", help="before (every image's data), after (uuid refs)")
     p_engine.add_argument("--max-warmups-per-s", type=float, default=2.0)
+    p_router = bench_sub.add_parser("router", help="a vLLM pool behind HAProxy against the built-in pinning")
+    p_router.add_argument("--sessions", type=int, default=8)
+    p_router.add_argument("--frames", type=int, default=8, help="frames each session streams before its question")
     p_fuzz = bench_sub.add_parser("fuzz", help="hostile messages through the real server, each answer checked")
     p_fuzz.add_argument("--model", default=None, help="model path or id (default: the tiny random-weight model)")
     p_fuzz.add_argument("--messages", type=int, default=10_000, help="hostile messages sent")
@@ -235,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
 
             counts = [int(n) for n in args.frames.split(",")]
             print(run_engine(counts, args.fps, args.modes.split(","), args.max_warmups_per_s))
+        elif args.bench == "router":
+            from server.bench.router import run_router
+
+            print(run_router(args.sessions, args.frames))
         elif args.bench == "fuzz":
             from server.bench.fuzz import run_fuzz
 
