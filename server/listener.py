@@ -93,6 +93,12 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.dropped = True  # what the client still sends is dropped unparsed (see the module docstring)
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.pause_reading()
+                # uvicorn would wait close_timeout (10 s) for the close reply it no longer reads:
+                # close now (what is queued, the close frame last, is still delivered), so the
+                # client learns at once (an SDK raises only once the connection has closed).
+                if self.close_timer is not None:
+                    self.close_timer.cancel()
+                self.close_timer = self.loop.call_later(0, self.transport.close)
             return
         if message["type"] == "websocket.send":
             if self.dropped:
