@@ -326,6 +326,7 @@ class Session:
             try:
                 texts = self.codec.encode(event)
             except CloseConnection as close:  # a protocol whose only answer to this is a close
+                self.observer.sent(event)  # counted as sent: the close says it
                 await self._close_for(close)
             for text in texts:
                 await self.transport.send(text)

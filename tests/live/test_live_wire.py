@@ -220,3 +220,24 @@ async def test_hostile_input_gets_its_documented_answer(
             code, reason = await conn.closed()
             assert code == expected and reason, (message[:200], code, reason)
     await bystander.asks(4)
+
+
+async def test_a_close_for_an_error_is_counted(live_server: RunningServer, live_tls: tuple[Path, Path]) -> None:
+    """An error said by closing counts in livesight_errors_total by its code, as an error event does."""
+    import httpx
+
+    context = ssl.create_default_context(cafile=str(live_tls[0]))
+    url = f"https://{live_server.host}:{live_server.port}/metrics"
+
+    async def count() -> float:
+        async with httpx.AsyncClient(verify=context, headers={"x-goog-api-key": API_KEY}) as http:
+            text = (await http.get(url)).text
+        line = next((l for l in text.splitlines() if l.startswith('livesight_errors_total{code="unknown_type"}')), "x 0")
+        return float(line.split()[-1])
+
+    before = await count()
+    async with raw(live_server, live_tls[0], f"?key={API_KEY}") as conn:
+        await conn.send({"toolResponse": {"functionResponses": []}})
+        code, reason = await conn.closed()
+    assert code == 1008 and "tool" in reason
+    assert await count() == before + 1
