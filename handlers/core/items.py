@@ -39,6 +39,9 @@ from handlers.core.timeline import Timeline
 
 #: Most text that pending inputs (or system items) may hold, like ``video.query``'s text.
 MAX_INPUT_CHARS = 20_000
+#: Most text the timeline's messages may hold for a client to add one (a seeded history, an
+#: item put before others): beyond it, items must be deleted first.
+MAX_TIMELINE_CHARS = 200_000
 
 
 @dataclass
@@ -147,6 +150,7 @@ class Conversation:
             if item.audio:
                 raise SessionError(ErrorCode.INVALID_MESSAGE, "an item put before others holds text only")
             self._check_text(item.text, 0)
+            self._check_timeline(item.text)
             message = Message(item.role, item.text or "", (item.item_id,))
             if not self.core.timeline.insert(None if after == ROOT else after, message):
                 raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {_short(after or '')} to put the item after")
@@ -163,6 +167,12 @@ class Conversation:
     def _check_text(text: str | None, held: int) -> None:
         if held + len(text or "") > MAX_INPUT_CHARS:
             raise SessionError(ErrorCode.INVALID_MESSAGE, f"items waiting for an answer may hold {MAX_INPUT_CHARS} characters")
+
+    def _check_timeline(self, text: str | None) -> None:
+        held = sum(len(m.text) for turn in self.core.timeline.turns for m in turn.messages)
+        if held + len(text or "") > MAX_TIMELINE_CHARS:
+            raise SessionError(ErrorCode.INVALID_MESSAGE,
+                               f"the conversation's messages may hold {MAX_TIMELINE_CHARS} characters; delete some first")
 
     def _add_system(self, item: UserInput) -> None:
         core = self.core
@@ -181,6 +191,7 @@ class Conversation:
             if item.audio:
                 raise SessionError(ErrorCode.INVALID_MESSAGE, "an assistant item holds text (or its audio's transcript)")
             self._check_text(item.text, 0)
+            self._check_timeline(item.text)
             cut = len(core.inputs)
             if after_input is not None:
                 cut = next(n for n, i in enumerate(core.inputs) if i.item_id == after_input) + 1

@@ -255,3 +255,20 @@ def test_realtime_response_metadata_is_echoed_and_out_of_band_joins_no_conversat
                                             "response.content_part.added"]
     assert started[0]["response"]["metadata"] == {"client_event_id": "c1"}
     assert "conversation_id" not in started[0]["response"]
+
+
+def test_client_messages_are_bounded_in_the_timeline() -> None:
+    """Seeded assistant messages stop at MAX_TIMELINE_CHARS with invalid_message; the session
+    goes on, and deleting one makes room again."""
+    from handlers.core.items import MAX_INPUT_CHARS, MAX_TIMELINE_CHARS
+
+    core = _core()
+    _feed(core, 1, "f1")  # the first turn holds a frame: the turns after it stay live, not folded
+    n = 0
+    with pytest.raises(SessionError) as exc:
+        while n < 100:
+            core.apply(UserInput(item_id=f"a{n}", role="assistant", text="x" * MAX_INPUT_CHARS))
+            n += 1
+    assert exc.value.code is ErrorCode.INVALID_MESSAGE and n == MAX_TIMELINE_CHARS // MAX_INPUT_CHARS
+    core.apply(DeleteItem(item_id="a0"))
+    core.apply(UserInput(item_id="again", role="assistant", text="x" * MAX_INPUT_CHARS))
