@@ -114,6 +114,7 @@ class Turn:
     listening: Listening | None = None  # the question's audio, transcribed as it was spoken
     before: list[ServerEvent] = field(default_factory=list)  # sent before its response.start (watch.fired)
     stopped_by: str | None = None  # what interrupted it: cancel, question, speech (else the session's end)
+    origin: Origin | None = None  # the client event that asked for it (its errors name that event)
 
 
 def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
@@ -375,7 +376,7 @@ class Session:
                     continue
                 if not all(isinstance(e, MEDIA) for e in events):
                     moves = any(isinstance(e, ANSWER_MOVES) for e in events)
-                    if not await self._within_budget(moves):
+                    if not await self._within_budget(moves, origin_of(events[0]) if events else None):
                         continue
                 for event in events:
                     self.observer.received(event)
@@ -404,20 +405,21 @@ class Session:
                         if isinstance(event, VideoDone):
                             return
 
-    async def _within_budget(self, moves_answer: bool) -> bool:
+    async def _within_budget(self, moves_answer: bool, origin: Origin | None = None) -> bool:
         """Take one control message from the session's budget (``rate_limit.py``): False when
-        it is refused (the client is told once; a client that keeps flooding is closed)."""
+        it is refused (the client is told once, naming the message dropped: ``origin``; a
+        client that keeps flooding is closed)."""
         verdict = self.control.check(time.monotonic(), moves_answer)
         if verdict is Verdict.TAKE:
             return True
         self.observer.refused()
-        await self._refuse(verdict)
+        await self._refuse(verdict, origin)
         # Read nothing more from this client until a token is back: its flood waits in the
         # socket (TCP pushes back) instead of costing the server a parse per message.
         await anyio.sleep(self.control.wait_s(moves_answer))
         return False
 
-    async def _refuse(self, verdict: Verdict) -> None:
+    async def _refuse(self, verdict: Verdict, origin: Origin | None = None) -> None:
         """Tell the client once, or close it when it has flooded too long."""
         if verdict is Verdict.TELL:
             wait_ms = max(1, round(self.control.retry_after_s * 1000))
@@ -426,7 +428,7 @@ class Session:
                 f"too many control messages; this one was dropped. Send again in {wait_ms} ms "
                 "(messages sent before then are dropped without a reply)",
                 retry_after_ms=wait_ms,
-            ))
+            ), origin)
         elif verdict is Verdict.CLOSE:
             await self._fail(SessionError(
                 ErrorCode.TOO_MANY_MESSAGES,
@@ -545,7 +547,7 @@ class Session:
                         running = self.turn is not None and self.turn.stopped_by is None  # a stopped one is ending
                         self.core.check_request(event, running)
                         await self.interrupt("question")
-                        await self._start_turn(self.core.plan_answer(event), received)
+                        await self._start_turn(self.core.plan_answer(event), received, origin=origin_of(event))
                     elif isinstance(event, WATCH_EVENTS):
                         await self._send_all(self.core.apply_watch(event))
                         self._wake()
@@ -671,12 +673,13 @@ class Session:
 
     async def _start_turn(
         self, plan: QueryPlan, received: float, listening: Listening | None = None, before: list[ServerEvent] | None = None,
+        origin: Origin | None = None,
     ) -> None:
         """Ask for the answer, drop the plan's undecodable frames, wait for a running prefill
         to stop, then start the answer task (``before``: events it sends before its start).
         The caller has interrupted the previous answer."""
         turn = Turn(plan, self.core.new_answer(plan, received), anyio.CancelScope(), anyio.Event(), listening=listening,
-                    before=before or [])
+                    before=before or [], origin=origin)
         stop_prefill = self.turns.ask(turn.answer)  # from here on no prefill starts
         self.turn = turn
         try:
@@ -738,17 +741,17 @@ class Session:
                     outcome = Outcome.COMPLETED
         except SessionError as exc:
             outcome, error_code = Outcome.FAILED, exc.code.value
-            await self.report(exc)
+            await self.report(exc, turn.origin)
         except EngineError as exc:
             log.warning("engine failed request %s: %s", plan.request_id, exc)
             outcome, error_code = Outcome.FAILED, ErrorCode.ENGINE_ERROR.value
-            await self.report(SessionError(ErrorCode.ENGINE_ERROR, "the engine failed to answer"))
+            await self.report(SessionError(ErrorCode.ENGINE_ERROR, "the engine failed to answer"), turn.origin)
         except Disconnected:
             raise
         except Exception:
             log.exception("bug while answering %s", plan.request_id)
             outcome, error_code = Outcome.FAILED, ErrorCode.INTERNAL_ERROR.value
-            await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"))
+            await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"), turn.origin)
         finally:
             with anyio.CancelScope(shield=True):
                 if spoken is not None:

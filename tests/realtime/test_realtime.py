@@ -434,16 +434,17 @@ async def test_v1_endpoint_beside_it_sends_only_typed_v1_events(server: RunningS
 
 async def test_a_realtime_flood_is_rate_limited_like_any_session(server: RunningServer) -> None:
     """The control budget is the session's, not the codec's: 80 ``response.cancel`` events back
-    to back (the answer budget's burst is 20) get ``rate_limited`` errors of the Realtime shape,
-    a few, not one per event, and after a quiet second the session answers again."""
+    to back (the answer budget's burst is 20) get ``rate_limited`` errors of the Realtime shape
+    (naming the event dropped), a few, not one per event, and after a quiet second the session
+    answers again."""
     async with realtime(server) as rt:
-        for _ in range(80):
-            await rt.send_raw(json.dumps({"type": "response.cancel"}))
+        for n in range(80):
+            await rt.send_raw(json.dumps({"type": "response.cancel", "event_id": f"flood{n}"}))
         await rt.add_image(11, item_id="after-flood")  # read after every cancel: its items come last
         errors = [e["error"] for e in rt.events if e["type"] == "error"]
         limited = [e for e in errors if e["code"] == "rate_limited"]
         assert len(limited) == 1, errors  # one notice per episode
-        assert limited[0]["type"] == "invalid_request_error"
+        assert limited[0]["type"] == "invalid_request_error" and limited[0]["event_id"].startswith("flood")
         assert {e["code"] for e in errors} <= {"rate_limited", "response_cancel_not_active"}
         import anyio
 
@@ -475,3 +476,18 @@ async def test_idle_timeout_starts_a_response_after_a_silence(server: RunningSer
         with anyio.move_on_after(6.5):
             await rt.until("response.created", timeout=7)
             raise AssertionError("a second silence answer")
+
+
+async def test_low_detail_images_cost_fewer_tokens(server: RunningServer) -> None:
+    """input_image.detail low sends the picture smaller: a question over it has fewer image
+    tokens than over the same picture at high (auto is high)."""
+    tokens = {}
+    for detail in ("low", "high"):
+        async with realtime(server) as rt:
+            await rt.conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/jpeg;base64," + b64(jpeg_frame(30, size=(640, 480))),
+                 "detail": detail}]})
+            await rt.until("conversation.item.done")
+            events = await rt.ask("What is it?", max_output_tokens=2)
+            tokens[detail] = events[-1]["response"]["usage"]["input_token_details"]["image_tokens"]
+    assert 0 < tokens["low"] < tokens["high"]
