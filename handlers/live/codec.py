@@ -16,6 +16,7 @@ How the core shows up on this protocol, which has no error event and no per-fram
   ``activityStart`` clears the buffered audio (and stops the running answer, unless
   ``NO_INTERRUPTION``); ``activityEnd`` asks the buffered audio as the question;
   ``clientContent``'s earlier turns (model turns too) are conversation items;
+  ``audioStreamEnd`` with activity detection is the silence that ends speech under way;
 - an answer is ``serverContent.modelTurn`` parts (text, or ``audio/pcm;rate=24000`` with the
   words as ``outputTranscription``), then ``generationComplete``, then ``turnComplete`` with
   ``usageMetadata``; an interrupted answer ends with ``interrupted``;
@@ -99,6 +100,8 @@ LIVESIGHT_FIELDS = frozenset(
     {"num_frames", "max_frames", "enable_frame_filter", "frame_filter_threshold", "frame_timestamps",
      "prefix_warmup", "use_audio_in_video", "speech_rate", "watches"}
 )
+#: Silence past the session's ``silence_ms`` that ``audioStreamEnd`` stands for.
+STREAM_END_MARGIN_MS = 100
 #: The longest question (``video.query``'s limit).
 MAX_QUESTION_CHARS = 20_000
 #: The most ``maxOutputTokens`` the core takes (it lowers it further to the server's limit).
@@ -161,6 +164,7 @@ class LiveCodec:
         self._interrupts = True  # activityStart stops the running answer
         self._manual = False  # automatic activity detection disabled: activityStart/End
         self._audio_answer = False  # the running answer speaks
+        self._silence_ms: int | None = None  # the session's silence that ends speech (turn detection on)
 
     # ------------------------------------------------------------------ connect
     def opening(self) -> list[CoreInput]:
@@ -279,7 +283,12 @@ class LiveCodec:
                 return [VideoQuery(type="video.query", text="")]  # the audio since activityStart is the question
             stop = [ResponseCancel(type="response.cancel")] if self._interrupts else []
             return [*stop, ClearAudio()]
-        return []  # audioStreamEnd: nothing is waiting on the stream (see docs/gemini-live.md)
+        if self._manual or self._silence_ms is None:
+            return []  # audioStreamEnd without activity detection: activityEnd ends a turn
+        # The microphone stopped: from the detector's side that is silence, so speech under way
+        # ends (and is answered) as it would had the user gone quiet.
+        silence = bytes(INPUT_RATE * 2 * (self._silence_ms + STREAM_END_MARGIN_MS) // 1000)
+        return [AudioChunkIn(type="audio.chunk", data=base64.b64encode(silence).decode("ascii"))]
 
     def _blob(self, blob: live.Blob, frame_id: str | None) -> CoreInput:
         """An image blob as a frame (``frame_id``), an audio blob as microphone audio (16 kHz)."""
@@ -365,6 +374,8 @@ class LiveCodec:
             log.info("setup: %s", note)
         if event.config.get("turn_detection") is not None and not event.capabilities.get("turn_detection"):
             log.warning("setup: automatic activity detection is off on this server (server_vad)")
+        vad = event.config.get("turn_detection")
+        self._silence_ms = int(vad["silence_ms"]) if isinstance(vad, dict) and "silence_ms" in vad else None
         out = [live.ServerMessage(setup_complete=live.SetupComplete(session_id=event.session_id))]
         self._handle = event.resume_token
         if self._resumption:

@@ -130,7 +130,7 @@ def test_realtime_input_and_client_content_map_to_core_events() -> None:
     assert isinstance(cancel, ResponseCancel) and isinstance(clear, ClearAudio)
     [end] = codec.decode(json.dumps({"realtimeInput": {"activityEnd": {}}}))
     assert isinstance(end, VideoQuery) and end.text == ""
-    assert codec.decode(json.dumps({"realtimeInput": {"audioStreamEnd": True}})) == []
+    assert codec.decode(json.dumps({"realtimeInput": {"audioStreamEnd": True}})) == []  # activity detection off
 
 
 @pytest.mark.parametrize(
@@ -243,3 +243,15 @@ def test_closing_errors_say_why_in_the_close(code: str, message: str, close_code
         LiveCodec().encode(ErrorEvent(code=code, message=message, closes_session=True))
     assert closed.value.code == close_code and reason in closed.value.reason
     assert "session.config" not in closed.value.reason and "new session" not in closed.value.reason
+
+
+def test_audio_stream_end_is_the_silence_that_ends_speech() -> None:
+    """With activity detection, audioStreamEnd is silence a little past the session's
+    silence_ms (speech under way ends and is answered); without it, nothing."""
+    codec = LiveCodec()
+    setup(codec, realtimeInputConfig={"automaticActivityDetection": {"silenceDurationMs": 400}})
+    codec.encode(SessionReady(session_id="s" * 32, config={"turn_detection": {"silence_ms": 400}}, limits={},
+                              capabilities={}))
+    [silence] = codec.decode(json.dumps({"realtimeInput": {"audioStreamEnd": True}}))
+    pcm = base64.b64decode(silence.data)
+    assert isinstance(silence, AudioChunkIn) and not any(pcm) and len(pcm) == 16_000 * 2 * 500 // 1000

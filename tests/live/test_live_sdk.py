@@ -236,3 +236,18 @@ async def test_tls_serves_every_endpoint(live_server: RunningServer, trust_live_
         assert ready.type == "session.ready"
     finally:
         await client.close()
+
+
+async def test_audio_stream_end_ends_the_speech_under_way(live_server: RunningServer) -> None:
+    """The microphone stops right after the words (no silence sent): audioStreamEnd ends the
+    spoken turn, which is heard and answered."""
+    from server.bench.spoken import speak_clip
+
+    config = {**TEXT, "input_audio_transcription": {}}
+    clip = speak_clip("what is on the table", tail_ms=0, noise=30, seed=1)
+    async with live_session(live_server, config) as live:
+        await live.session.send_realtime_input(video=frame(8))
+        await stream(live, clip.pcm16)
+        await live.session.send_realtime_input(audio_stream_end=True)
+        turn = await live.turn()
+        assert heard(clip.text, transcription(turn, "input_transcription")) and text_of(turn)
