@@ -64,7 +64,8 @@ def image_frame(seed: int) -> InputImageRawFrame:
 async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(server: RunningServer) -> None:
     """Text out, no turn detection: a camera frame, then a context of a system message and
     user and assistant messages closing on a question: the answer streams as LLM text frames
-    and ends, and no error frame comes (Pipecat would stop reading at one)."""
+    and ends, its item is retrieved as the assistant's with that text, and no error frame
+    comes (Pipecat would stop reading at one, and refused assistant items were one)."""
     llm = OpenAIRealtimeLLMService(
         api_key="unused", base_url=f"ws://{server.host}:{server.port}/v1/realtime",
         settings=OpenAIRealtimeLLMService.Settings(session_properties=events.SessionProperties(
@@ -72,6 +73,12 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
             audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)),
         )),
     )
+    created: list[tuple[str, str]] = []
+
+    @llm.event_handler("on_conversation_item_created")
+    async def on_item(service: Any, item_id: str, item: Any) -> None:
+        created.append((item_id, item.role))
+
     collector = Collector()
     task = PipelineTask(Pipeline([llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
     context = LLMContext(messages=[
@@ -89,8 +96,12 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
         await anyio.sleep(0.5)
         await task.queue_frame(LLMContextFrame(context))
         await collector.wait(LLMFullResponseEndFrame)
+        answer = next(item_id for item_id, role in created if role == "assistant")  # the server's own
+        with anyio.fail_after(30):
+            item = await llm.retrieve_conversation_item(answer)
         await task.cancel()
-    assert "".join(f.text for f in collector.of(LLMTextFrame))
+    text = "".join(f.text for f in collector.of(LLMTextFrame))
+    assert text and item.role == "assistant" and item.content[0].text == text
     assert not collector.of(ErrorFrame), collector.of(ErrorFrame)
 
 
