@@ -251,3 +251,20 @@ async def test_audio_stream_end_ends_the_speech_under_way(live_server: RunningSe
         await live.session.send_realtime_input(audio_stream_end=True)
         turn = await live.turn()
         assert heard(clip.text, transcription(turn, "input_transcription")) and text_of(turn)
+
+
+def test_tls_settings_reach_uvicorn(tmp_path) -> None:
+    """ssl_certfile, ssl_keyfile and the key's password reach uvicorn's configuration; a key
+    without a certificate is refused; no certificate: no TLS."""
+    from pydantic import ValidationError
+
+    from server.listener import uvicorn_config
+    from server.settings import Settings
+
+    settings = Settings(ssl_certfile=tmp_path / "c.pem", ssl_keyfile=tmp_path / "k.pem", ssl_keyfile_password="pw")
+    config = uvicorn_config(object(), settings)
+    assert (config.ssl_certfile, config.ssl_keyfile, config.ssl_keyfile_password) == (
+        str(tmp_path / "c.pem"), str(tmp_path / "k.pem"), "pw")
+    assert uvicorn_config(object(), Settings()).ssl_certfile is None
+    with pytest.raises(ValidationError):
+        Settings(ssl_keyfile=tmp_path / "k.pem")
