@@ -78,14 +78,10 @@ class SpeechConfig(_In):
     language_code: str | None = Field(None, max_length=32)  # ignored: the voice names the language
 
 
-#: generationConfig fields taken and ignored: they do not change what an answer means here.
-IGNORED_GENERATION_FIELDS = frozenset(
-    {"top_k", "candidate_count", "presence_penalty", "frequency_penalty", "media_resolution",
-     "enable_affective_dialog", "thinking_config", "translation_config", "response_mime_type"}
-)
-
-
 class GenerationConfig(_In):
+    """What an answer is; ``top_k`` and the fields after it are taken and ignored (they change
+    nothing an answer means here: see docs/gemini-live.md)."""
+
     response_modalities: list[Literal["TEXT", "AUDIO"]] | None = Field(None, min_length=1, max_length=2)
     speech_config: SpeechConfig | None = None
     max_output_tokens: int | None = Field(None, ge=1)
