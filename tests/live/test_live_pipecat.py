@@ -5,23 +5,16 @@ and resumption configs, its context as clientContent, camera frames) must be tak
 
 from __future__ import annotations
 
-import io
-from typing import Any
-
 import anyio
 import pytest
-from PIL import Image
 
 from server.background import RunningServer
 from tests.live.conftest import API_KEY
-from tests.protocol_client import jpeg_frame
 
 pytest.importorskip("pipecat")
 from google.genai.types import HttpOptions  # noqa: E402
 from pipecat.frames.frames import (  # noqa: E402
     ErrorFrame,
-    Frame,
-    InputImageRawFrame,
     LLMContextFrame,
     LLMFullResponseEndFrame,
     LLMTextFrame,
@@ -30,37 +23,11 @@ from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.runner import PipelineRunner  # noqa: E402
 from pipecat.pipeline.task import PipelineParams, PipelineTask  # noqa: E402
 from pipecat.processors.aggregators.llm_context import LLMContext  # noqa: E402
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
 from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService, GeminiModalities  # noqa: E402
 
+from tests.realtime.test_pipecat import Collector, image_frame  # noqa: E402  (the same pipeline end, camera frames)
+
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("trust_live_tls")]
-
-
-class Collector(FrameProcessor):
-    """Keeps every frame that reaches the end of the pipeline."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frames: list[Frame] = []
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        self.frames.append(frame)
-        await self.push_frame(frame, direction)
-
-    def of(self, kind: type) -> list[Any]:
-        return [f for f in self.frames if isinstance(f, kind)]
-
-    async def wait(self, kind: type, timeout: float = 120) -> list[Any]:
-        with anyio.fail_after(timeout):
-            while not self.of(kind) and not self.of(ErrorFrame):
-                await anyio.sleep(0.05)
-        return self.of(kind)
-
-
-def image_frame(seed: int) -> InputImageRawFrame:
-    image = Image.open(io.BytesIO(jpeg_frame(seed))).convert("RGB")
-    return InputImageRawFrame(image=image.tobytes(), size=image.size, format="RGB")
 
 
 async def test_a_context_then_a_camera_frame_and_a_typed_question_stream_text(live_server: RunningServer) -> None:
