@@ -429,7 +429,9 @@ class LiveCodec:
             raise CloseConnection(CLOSES[code], _reason(message))
         if code is ErrorCode.NO_FRAMES:
             log.info("a question with no frame buffered: its turn ends empty")
-            return [live.ServerMessage(server_content=live.ServerContent(turn_complete=True))]
+            empty = live.UsageMetadata(prompt_token_count=0, cached_content_token_count=0, response_token_count=0,
+                                       total_token_count=0, prompt_tokens_details=[], response_tokens_details=[])
+            return [live.ServerMessage(server_content=live.ServerContent(turn_complete=True), usage_metadata=empty)]
         log.info("skipped: %s (%s)", event.message, event.code)
         return []
 

@@ -200,7 +200,7 @@ def test_server_events_become_live_messages() -> None:
     [away] = [json.loads(m) for m in codec.encode(SessionClosing(deadline_ms=12_500))]
     assert away == {"goAway": {"timeLeft": "12.5s"}}
     [empty] = [json.loads(m) for m in codec.encode(ErrorEvent(code="no_frames", message="no frame"))]
-    assert empty == {"serverContent": {"turnComplete": True}}
+    assert empty["serverContent"] == {"turnComplete": True} and empty["usageMetadata"]["totalTokenCount"] == 0
     assert codec.encode(ErrorEvent(code="invalid_image", message="bad")) == []  # skipped
     with pytest.raises(CloseConnection) as closed:
         codec.encode(ErrorEvent(code="invalid_message", message="x" * 500))
