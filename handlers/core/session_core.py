@@ -825,7 +825,7 @@ class SessionCore:
         ``item_not_found``).
         """
         if isinstance(command, ConfigUpdate):
-            updated = self.update(command.changes)
+            updated = self.update(command.changes).model_copy(update={"ignored": command.ignored})
             refused = [*command.refused, *updated.refused]
             if not refused:
                 return [updated]

@@ -158,6 +158,7 @@ class RealtimeCodec:
         self.eagerness: str = "auto"
         self.refused: list[str] = []  # the last session.update's parts that were not applied
         self.notes: list[str] = []  # what the server changed of what was asked (the core's notes)
+        self.ignored: list[str] = []  # the last session.update's fields this server does not know
         self._last_response: str | None = None
         self._event_ids = itertools.count(1)
         self._item_ids = itertools.count(1)
@@ -183,7 +184,8 @@ class RealtimeCodec:
 
     def _decode(self, event: rt.RealtimeClientEvent) -> list[CoreInput]:
         if isinstance(event, rt.SessionUpdate):
-            return [ConfigUpdate(changes=self._config_changes(event.session), refused=event._refused)]
+            return [ConfigUpdate(changes=self._config_changes(event.session), refused=event._refused,
+                                 ignored=event._ignored)]
         if isinstance(event, rt.InputAudioBufferAppend):
             return [AudioChunkIn(type="audio.chunk", data=audio_in(event.audio, self.in_format.type))]
         if isinstance(event, rt.InputAudioBufferCommit):
@@ -318,7 +320,7 @@ class RealtimeCodec:
             return [rt.SessionCreated(event_id=self._eid(), session=self._session())]
         if isinstance(event, ConfigUpdated):
             self.config = event.config
-            self.refused, self.notes = event.refused, event.notes
+            self.refused, self.notes, self.ignored = event.refused, event.notes, event.ignored
             return [rt.SessionUpdated(event_id=self._eid(), session=self._session())]
         if isinstance(event, FrameAck):
             return self._frame(event)
@@ -536,7 +538,7 @@ class RealtimeCodec:
                 ),
             ),
             livesight={**{name: config.get(name) for name in _LIVESIGHT_FIELDS},
-                       "notes": self.notes, "refused": self.refused},
+                       "notes": self.notes, "refused": self.refused, "ignored": self.ignored},
         )
 
     def _vad_out(self, vad: dict[str, Any] | None) -> rt.ServerVadOut | rt.SemanticVadOut | None:

@@ -192,6 +192,8 @@ class SessionUpdate(_ClientEvent):
 
     #: The parts of the client's session that were not valid, each with why (left out of ``session``).
     _refused: list[str] = PrivateAttr(default_factory=list)
+    #: The fields of the client's session this server does not know (``tools``, ``tracing``, ...).
+    _ignored: list[str] = PrivateAttr(default_factory=list)
 
 
 class InputAudioBufferAppend(_ClientEvent):
@@ -294,24 +296,28 @@ def _part_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
     return parts[0] if len(parts) == 1 else None
 
 
-def _lenient(model: type[BaseModel], data: dict[str, Any], path: str) -> tuple[dict[str, Any], list[str]]:
+def _lenient(
+    model: type[BaseModel], data: dict[str, Any], path: str, ignored: list[str]
+) -> tuple[dict[str, Any], list[str]]:
     """``data`` without its parts that are not valid for ``model`` (a nested part is read the
-    same way), and a line for each part left out."""
+    same way), and a line for each part left out; fields ``model`` does not know are added to
+    ``ignored``."""
     kept: dict[str, Any] = {}
     refused: list[str] = []
     for name, value in data.items():
+        if name not in model.model_fields and model.model_config.get("extra") != "forbid":
+            ignored.append(f"{path}{name}")
+            continue
+        part = _part_model(model, name)
+        if part is not None and isinstance(value, dict):
+            kept[name], more = _lenient(part, value, f"{path}{name}.", ignored)
+            refused += more
+            continue
         try:
             model.model_validate({name: value})
             kept[name] = value
-            continue
         except ValidationError as exc:
-            problem = exc.errors()[0]
-        part = _part_model(model, name)
-        if part is not None and isinstance(value, dict):
-            kept[name], more = _lenient(part, value, f"{path}{name}.")
-            refused += more
-        else:
-            refused.append(f"{path}{name}: {problem['msg']}")
+            refused.append(f"{path}{name}: {exc.errors()[0]['msg']}")
     return kept, refused
 
 
@@ -319,9 +325,10 @@ def _session_update(obj: dict[str, Any]) -> SessionUpdate:
     session = obj.get("session")
     if not isinstance(session, dict):
         return _client_event.validate_python(obj)  # type: ignore[return-value]  # raises: not an object
-    kept, refused = _lenient(RealtimeSession, session, "session.")
+    ignored: list[str] = []
+    kept, refused = _lenient(RealtimeSession, session, "session.", ignored)
     event = SessionUpdate.model_validate({**obj, "session": kept})
-    event._refused = refused
+    event._refused, event._ignored = refused, ignored
     return event
 
 

@@ -69,6 +69,7 @@ class ConfigUpdate(Command):
     type: Literal["core.config_update"] = "core.config_update"
     changes: dict[str, Any]
     refused: list[str] = Field(default_factory=list)
+    ignored: list[str] = Field(default_factory=list)  # what the client sent that the server does not know
 
 
 class UserInput(Command):
@@ -161,6 +162,7 @@ class ConfigUpdated(ServerEvent):
     config: dict[str, Any]
     notes: list[str] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)  # parts of the update not applied, and why
+    ignored: list[str] = Field(default_factory=list)  # the update's fields the server does not know
 
 
 class InputAdded(ServerEvent):

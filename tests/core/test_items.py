@@ -206,7 +206,7 @@ def test_realtime_session_update_is_applied_part_by_part_with_semantic_vad() -> 
     [update] = codec.decode(json.dumps({"type": "session.update", "event_id": "e1", "session": {
         "type": "realtime", "instructions": "Hi.", "output_modalities": ["sideways"],
         "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}},
-                  "output": {"speed": 9}},
+                  "output": {"speed": 9, "pitch": 2}},
         "tools": [{"type": "function", "name": "f"}],
     }}))
     assert update.changes["turn_detection"] == {"silence_ms": 400} and update.changes["system_prompt"] == "Hi."
@@ -216,6 +216,7 @@ def test_realtime_session_update_is_applied_part_by_part_with_semantic_vad() -> 
     assert session["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
     assert session["audio"]["input"]["turn_detection"]["eagerness"] == "high" and session["instructions"] == "Hi."
     assert core.config.turn_detection.silence_ms == 400 and len(session["livesight"]["refused"]) == 2
+    assert session["livesight"]["ignored"] == ["session.audio.output.pitch", "session.tools"]
     sent = json.loads(codec.encode(error.model_copy(update={"origin": Origin("e1", "session.update")}))[0])
     assert sent["error"]["event_id"] == "e1" and sent["error"]["code"] == "invalid_value"
 
