@@ -491,3 +491,31 @@ async def test_low_detail_images_cost_fewer_tokens(server: RunningServer) -> Non
             events = await rt.ask("What is it?", max_output_tokens=2)
             tokens[detail] = events[-1]["response"]["usage"]["input_token_details"]["image_tokens"]
     assert 0 < tokens["low"] < tokens["high"]
+
+
+async def test_one_response_at_a_time_as_openai_runs_them(server: RunningServer) -> None:
+    """A response.create while a response runs is refused with
+    conversation_already_has_active_response (naming it) and the running one goes on to its
+    end; a response.cancel with none running gets response_cancel_not_active; a
+    response.create right after a cancel is answered."""
+    async with realtime(server) as rt:
+        await rt.add_image(9)
+        await rt.conn.response.create(response={"max_output_tokens": 200})
+        first = (await rt.until("response.created"))[-1]["response"]["id"]
+        await rt.conn.response.create(event_id="second")
+        refused = (await rt.until("error"))[-1]["error"]
+        assert refused["code"] == "conversation_already_has_active_response" and refused["event_id"] == "second"
+        events = await rt.until("response.done")
+        assert events[-1]["response"]["id"] == first and "response.created" not in kinds(events)
+        await rt.conn.response.cancel(event_id="idle-cancel")
+        error = (await rt.until("error"))[-1]["error"]
+        assert error["code"] == "response_cancel_not_active" and error["event_id"] == "idle-cancel"
+        await rt.conn.response.create(response={"max_output_tokens": 200})
+        await rt.until("response.output_text.delta")
+        await rt.conn.response.cancel()
+        await rt.conn.response.create(response={"max_output_tokens": 3})
+        events = await rt.until("response.done")
+        assert events[-1]["response"]["status"] == "cancelled"
+        events = await rt.until("response.done")
+        assert events[-1]["response"]["status"] in {"completed", "incomplete"}
+        assert "error" not in kinds(events)
