@@ -221,3 +221,25 @@ async def test_talking_over_the_answer_truncates_it_to_what_was_heard(server: Ru
     assert full == whole and kept == whole  # the same answer; untouched, it is kept whole
     assert len(heard.split()) < len(full.split()) and full.split()[: len(heard.split())] == heard.split()
     assert truncated_tokens < whole_tokens
+
+
+async def test_cutting_in_before_any_audio_played_deletes_the_answer(server: RunningServer) -> None:
+    """The user cuts in before any of the answer played: LiveKit cancels the response and
+    deletes its item (truncate at 0 ms is a delete); the server deletes the item it made
+    (conversation.item.deleted, no error), and the next reply is answered."""
+    async with livekit_session(server, 48, modalities=["audio"], turn_detection=None) as (session, events):
+        session.push_video(video_frame(4))
+        await events.wait("conversation.item.done")
+        await session.update_chat_ctx(chat(session, ("user", "Describe everything.")))
+        with anyio.fail_after(60):
+            await session.generate_reply()
+        item_id = (await events.wait("response.output_item.added"))[-1]["item"]["id"]
+        session.interrupt()
+        session.truncate(message_id=item_id, modalities=["audio"], audio_end_ms=0)
+        deleted = await events.wait("conversation.item.deleted")
+        assert item_id in [e["item_id"] for e in deleted]
+        await events.wait("response.done")
+        await session.update_chat_ctx(chat(session, ("user", "And now?")))
+        with anyio.fail_after(120):
+            await answer_text(await session.generate_reply())
+        assert (await events.wait("response.done", 2))[-1]["response"]["status"] in {"completed", "incomplete"}
