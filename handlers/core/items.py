@@ -19,6 +19,7 @@ heard. Pure and synchronous, like the rest of the core.
 from __future__ import annotations
 
 import base64
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +40,8 @@ from handlers.core.timeline import Timeline
 
 #: Most text that pending inputs (or system items) may hold, like ``video.query``'s text.
 MAX_INPUT_CHARS = 20_000
+#: How many of the newest items' ids are kept in order, to know the newest when one is deleted.
+RECENT_ITEMS = 256
 #: Most text the timeline's messages may hold for a client to add one (a seeded history, an
 #: item put before others): beyond it, items must be deleted first.
 MAX_TIMELINE_CHARS = 200_000
@@ -104,13 +107,18 @@ class Conversation:
 
     def __init__(self, core: ItemHolder) -> None:
         self.core = core
-        self.tail: str | None = None
+        self._recent: deque[str] = deque(maxlen=RECENT_ITEMS)  # the newest items' ids, oldest first
 
     # ------------------------------------------------------------------ lookup
+    @property
+    def tail(self) -> str | None:
+        """The newest item's id (None: none yet, or all the recent ones were deleted)."""
+        return self._recent[-1] if self._recent else None
+
     def appended(self, item_id: str | None) -> None:
         """An item joined at the end (a frame, an input, an answer): it is the newest."""
         if item_id is not None:
-            self.tail = item_id
+            self._recent.append(item_id)
 
     def _frame(self, item_id: str) -> Frame | None:
         return next((f for f in self.core.buffer.frames if f.frame_id is not None and str(f.frame_id) == item_id), None)
@@ -156,7 +164,7 @@ class Conversation:
                 raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {_short(after or '')} to put the item after")
         previous = (None if after == ROOT else after) if after is not None else self.tail
         if at_end:
-            self.tail = item.item_id
+            self.appended(item.item_id)
         audio_ms = None
         if item.role == "user" and (pending := self._input(item.item_id)) is not None and pending.pcm16:
             audio_ms = self.core.audio_ms(pending.pcm16)
@@ -232,8 +240,8 @@ class Conversation:
             plan.deleted = True
         elif not core.timeline.remove(item_id):
             raise SessionError(ErrorCode.ITEM_NOT_FOUND, f"no item {_short(item_id)} in the conversation")
-        if self.tail == item_id:
-            self.tail = None
+        if item_id in self._recent:
+            self._recent.remove(item_id)  # the one before it is the newest again
         return ItemDeleted(item_id=item_id)
 
     def retrieve(self, item_id: str) -> ItemRetrieved:

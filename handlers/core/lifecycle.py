@@ -113,9 +113,10 @@ class Answer:
     def __init__(
         self, request_id: str, modalities: list[str], received: float, consumed: Callable[[], FramesConsumed],
         trigger: ResponseTrigger | None = None, item_id: str | None = None, metadata: dict[str, str] | None = None,
-        in_conversation: bool = True,
+        in_conversation: bool = True, previous_item_id: str | None = None,
     ) -> None:
         self.in_conversation = in_conversation
+        self.previous_item_id = previous_item_id  # the conversation item its own follows
         self.request_id = request_id
         self.item_id = item_id  # the conversation item it is (for codecs that show items)
         self.metadata = metadata  # the client's, echoed by codecs that carry it
@@ -144,7 +145,8 @@ class Answer:
         self._require(AnswerPhase.ASKED, "start")
         self.phase = AnswerPhase.STARTED
         return [ResponseStart(request_id=self.request_id, modalities=self.modalities, trigger=self.trigger,
-                              item_id=self.item_id, metadata=self.metadata, in_conversation=self.in_conversation)]
+                              item_id=self.item_id, metadata=self.metadata, in_conversation=self.in_conversation,
+                              previous_item_id=self.previous_item_id)]
 
     def withdraw(self) -> None:
         """The answer will not start (nothing of it was sent). Raises unless just asked."""

@@ -449,9 +449,10 @@ class SessionCore:
         if event.frame_id is not None:
             self.last_frame_id = event.frame_id
         decision = self.filter.check(thumb)
+        previous = self.items.tail
         if not decision.keep:
             self.frames_filtered += 1
-            return FrameIntake(self._ack(event, now_ms, False, decision.similarity, []), None, [])
+            return FrameIntake(self._ack(event, now_ms, False, decision.similarity, [], previous), None, [])
         frame = Frame(
             seq=next(self._seq),
             key=key,
@@ -467,7 +468,7 @@ class SessionCore:
             self.origin = frame
         self.items.appended(_fid(event.frame_id))
         evicted = self.buffer.add(frame)
-        return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted), frame, evicted)
+        return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted, previous), frame, evicted)
 
     def take_frame(self, event: VideoFrame, prepared: PreparedFrame, receive_ms: float, now_ms: float) -> FrameIntake:
         """Filter and buffer a frame prepared off the loop (``preparation.prepare_frame``):
@@ -495,11 +496,12 @@ class SessionCore:
         (``reason: "overloaded"``); nothing is buffered."""
         self.frames_received += 1
         self.frames_shed += 1
-        ack = self._ack(event, now_ms, False, 0.0, [])
+        ack = self._ack(event, now_ms, False, 0.0, [], self.items.tail)
         return None if ack is None else ack.model_copy(update={"reason": "overloaded", "similarity": None})
 
     def _ack(
-        self, event: VideoFrame, now_ms: float, accepted: bool, similarity: float, evicted: list[Frame]
+        self, event: VideoFrame, now_ms: float, accepted: bool, similarity: float, evicted: list[Frame],
+        previous: str | None = None,
     ) -> FrameAck | None:
         if event.frame_id is None:
             return None
@@ -515,6 +517,7 @@ class SessionCore:
             similarity=round(similarity, 4),
             dropped_frame_id=dropped[0] if dropped else None,
             dropped_frame_ids=dropped,
+            previous_item_id=previous,
         )
 
     def reject_frame(self, frame: Frame, reason: str) -> SessionError:
@@ -582,8 +585,11 @@ class SessionCore:
         """The event that tells the client speech started or stopped (with the speech's item id)."""
         if isinstance(decision, SpeechStarted):
             return InputAudioSpeechStarted(audio_start_ms=decision.start_ms, item_id=self.speech_item)
+        previous = self.items.tail
+        self.items.appended(self.speech_item)  # the spoken item joins the conversation now
         return InputAudioSpeechStopped(
-            audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms, item_id=self.speech_item
+            audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms, item_id=self.speech_item,
+            previous_item_id=previous,
         )
 
     @property
@@ -605,7 +611,6 @@ class SessionCore:
             raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
         item = PendingInput(question.item_id, None, question.pcm16)
         self.inputs.append(item)
-        self.items.appended(question.item_id)
         return item
 
     def transcribed_input(self, item_id: str, transcript: str) -> InputTranscribed | None:
@@ -693,7 +698,6 @@ class SessionCore:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the spoken question; send video.frame first")
         plan = self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
         plan.input_ids = [question.item_id] if question.item_id else []
-        self.items.appended(question.item_id or None)
         return plan
 
     def answer_ended(self, plan: QueryPlan, now_s: float) -> None:
@@ -811,11 +815,12 @@ class SessionCore:
         into the events to send, ``video.frames.consumed`` (this plan's frames) included.
         ``received``: when the question came, in seconds on the caller's monotonic clock."""
         self.running = plan
+        previous = self.items.tail
         if plan.in_conversation:
             self.items.appended(plan.item_id)
         return Answer(plan.request_id, plan.modalities, received, consumed=partial(self.consumed, plan),
                       trigger=plan.trigger, item_id=plan.item_id, metadata=plan.metadata,
-                      in_conversation=plan.in_conversation)
+                      in_conversation=plan.in_conversation, previous_item_id=previous)
 
     # ------------------------------------------------------------------ conversation items
     def apply(self, command: Command) -> list[ServerEvent]:
@@ -872,8 +877,9 @@ class SessionCore:
         self.audio.clear()
         self.audio_origin = self.audio_total
         self.inputs.append(PendingInput(item_id, None, pcm))
+        previous = self.items.tail
         self.items.appended(item_id)
-        return AudioCommitted(item_id=item_id, audio_ms=_ms(pcm))
+        return AudioCommitted(item_id=item_id, audio_ms=_ms(pcm), previous_item_id=previous)
 
     def needs_transcription(self, plan: QueryPlan) -> bool:
         """True when the plan's audio must become text (the engine takes no audio)."""

@@ -162,7 +162,6 @@ class RealtimeCodec:
         self._last_response: str | None = None
         self._event_ids = itertools.count(1)
         self._item_ids = itertools.count(1)
-        self._last_item: str | None = None
         self._speech_item: str | None = None  # the item of the speech being heard
         self._question_audio_item: str | None = None  # the audio item the next transcript belongs to
         self._answer: _Answer | None = None
@@ -334,12 +333,12 @@ class RealtimeCodec:
             if event.role == "assistant":
                 content = [rt.ItemContent(type="output_text", text=event.text or "")]
             item = rt.Item(id=event.item_id, role=event.role, content=content)
-            return self._added(item, previous=event.previous_item_id, at_end=event.at_end)
+            return self._added(item, event.previous_item_id)
         if isinstance(event, AudioCommitted):
             self._question_audio_item = event.item_id
-            previous = self._last_item
+            previous = event.previous_item_id
             committed = rt.AudioBufferCommitted(event_id=self._eid(), previous_item_id=previous, item_id=event.item_id)
-            return [committed, *self._added(_audio_item(event.item_id))]
+            return [committed, *self._added(_audio_item(event.item_id), previous)]
         if isinstance(event, AudioCleared):
             return [rt.AudioBufferCleared(event_id=self._eid())]
         if isinstance(event, ItemDeleted):
@@ -363,8 +362,9 @@ class RealtimeCodec:
             self._speech_item = None
             self._question_audio_item = item_id
             stopped = rt.SpeechStopped(event_id=self._eid(), audio_end_ms=int(event.audio_end_ms), item_id=item_id)
-            committed = rt.AudioBufferCommitted(event_id=self._eid(), previous_item_id=self._last_item, item_id=item_id)
-            return [stopped, committed, *self._added(_audio_item(item_id))]
+            previous = event.previous_item_id
+            committed = rt.AudioBufferCommitted(event_id=self._eid(), previous_item_id=previous, item_id=item_id)
+            return [stopped, committed, *self._added(_audio_item(item_id), previous)]
         if isinstance(event, InputAudioTranscript):
             item_id = self._question_audio_item or self._new_item()
             return [
@@ -414,9 +414,9 @@ class RealtimeCodec:
         if ack.frame_id is not None:
             item = rt.Item(id=str(ack.frame_id), role="user", content=[rt.ItemContent(type="input_image")])
             if ack.accepted:
-                out += self._added(item)
+                out += self._added(item, ack.previous_item_id)
             else:  # filtered: shown, then taken out, so the conversation holds what the model sees
-                out += self._added(item, done_status="incomplete")
+                out += self._added(item, ack.previous_item_id, done_status="incomplete")
                 out.append(rt.ConversationItemDeleted(event_id=self._eid(), item_id=str(ack.frame_id)))
         for dropped in ack.dropped_frame_ids:
             out.append(rt.ConversationItemDeleted(event_id=self._eid(), item_id=str(dropped)))
@@ -441,9 +441,7 @@ class RealtimeCodec:
             rt.OutputItemAdded(event_id=self._eid(), response_id=answer.response_id, item=item),
         ]
         if answer.in_conversation:
-            previous = self._last_item
-            self._last_item = answer.item_id
-            out.append(rt.ConversationItemAdded(event_id=self._eid(), previous_item_id=previous, item=item))
+            out.append(rt.ConversationItemAdded(event_id=self._eid(), previous_item_id=event.previous_item_id, item=item))
         out.append(rt.ContentPartAdded(event_id=self._eid(), part=_empty_part(answer.audio), **answer.ids()))
         return out
 
@@ -504,13 +502,9 @@ class RealtimeCodec:
 
     # ------------------------------------------------------------------ helpers
     def _added(
-        self, item: rt.Item, done_status: str = "completed", previous: str | None = None, at_end: bool = True
+        self, item: rt.Item, previous: str | None, done_status: str = "completed"
     ) -> list[rt.RealtimeServerEvent]:
-        """An item was added: after ``previous`` when the core put it before others (not
-        ``at_end``), else after the newest item, and then it is the newest."""
-        if at_end:
-            previous = self._last_item
-            self._last_item = item.id
+        """An item was added after ``previous`` (the core's: where it put it)."""
         done = item.model_copy(update={"status": done_status})
         return [
             rt.ConversationItemAdded(event_id=self._eid(), previous_item_id=previous, item=item),

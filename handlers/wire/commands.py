@@ -182,6 +182,7 @@ class AudioCommitted(ServerEvent):
     type: Literal["core.audio_committed"] = "core.audio_committed"
     item_id: str
     audio_ms: float
+    previous_item_id: str | None = None
 
 
 class InputTranscribed(ServerEvent):

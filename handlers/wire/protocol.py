@@ -404,6 +404,8 @@ class FrameAck(ServerEvent):
     similarity: float | None = None
     dropped_frame_id: FrameId | None = None
     dropped_frame_ids: list[FrameId] = Field(default_factory=list)
+    #: For codecs that show a conversation: the item the frame follows (not on the v1 wire).
+    previous_item_id: str | None = Field(None, exclude=True)
 
 
 class ConsumedFrame(BaseModel):
@@ -447,6 +449,7 @@ class ResponseStart(ServerEvent):
     item_id: str | None = Field(None, exclude=True)
     metadata: dict[str, str] | None = Field(None, exclude=True)
     in_conversation: bool = Field(True, exclude=True)  # false: out of band, it joins no conversation
+    previous_item_id: str | None = Field(None, exclude=True)  # the item the answer's item follows
 
 
 class ResponseTextDelta(ServerEvent):
@@ -578,6 +581,7 @@ class InputAudioSpeechStopped(ServerEvent):
     audio_start_ms: float
     audio_end_ms: float
     item_id: str | None = Field(None, exclude=True)  # the core's id for this speech (not on the v1 wire)
+    previous_item_id: str | None = Field(None, exclude=True)  # the item the speech's item follows
 
 
 class InputAudioTranscript(ServerEvent):

@@ -273,3 +273,22 @@ def test_client_messages_are_bounded_in_the_timeline() -> None:
     assert exc.value.code is ErrorCode.INVALID_MESSAGE and n == MAX_TIMELINE_CHARS // MAX_INPUT_CHARS
     core.apply(DeleteItem(item_id="a0"))
     core.apply(UserInput(item_id="again", role="assistant", text="x" * MAX_INPUT_CHARS))
+
+
+def test_previous_item_ids_follow_the_core_conversation() -> None:
+    """Each item, frame and answer names the item before it as the core holds them: deleting
+    the newest makes the one before it the newest again."""
+    core = _core()
+    _feed(core, 1, "f1")
+    core.apply(UserInput(item_id="q1", text="One?"))
+    core.apply(DeleteItem(item_id="q1"))
+    assert core.apply(UserInput(item_id="q2", text="Two?"))[0].previous_item_id == "f1"
+    plan = core.plan_answer(AnswerRequest())
+    start = core.new_answer(plan, 0.0).start()[0]
+    assert start.previous_item_id == "q2" and start.item_id == plan.item_id
+    core.finish(plan, None)
+    data = jpeg_frame(7)
+    ack = core.accept_frame(VideoFrame(type="video.frame", data=b64(data), frame_id="f2"), data, content_key(data),
+                            thumbnail(data), 2000.0).ack
+    assert ack is not None and ack.previous_item_id == plan.item_id
+    assert "previous_item_id" not in ack.model_dump_json()  # not on the v1 wire
