@@ -79,8 +79,8 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
     async def on_item(service: Any, item_id: str, item: Any) -> None:
         created.append((item_id, item.role))
 
-    collector = Collector()
-    task = PipelineTask(Pipeline([llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
+    collector, upstream = Collector(), Collector()  # upstream: what the service pushes back (its errors)
+    task = PipelineTask(Pipeline([upstream, llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
     context = LLMContext(messages=[
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "Is it day?"},
@@ -102,7 +102,7 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
         await task.cancel()
     text = "".join(f.text for f in collector.of(LLMTextFrame))
     assert text and item.role == "assistant" and item.content[0].text == text
-    assert not collector.of(ErrorFrame), collector.of(ErrorFrame)
+    assert not collector.of(ErrorFrame) and not upstream.of(ErrorFrame), upstream.of(ErrorFrame)
 
 
 async def test_the_user_talks_over_a_spoken_answer_and_asks_again(server: RunningServer) -> None:
@@ -129,8 +129,8 @@ async def test_the_user_talks_over_a_spoken_answer_and_asks_again(server: Runnin
         if item.role == "assistant":
             assistant_items.append(item_id)
 
-    collector = Collector()
-    task = PipelineTask(Pipeline([llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
+    collector, upstream = Collector(), Collector()  # upstream: what the service pushes back (its errors)
+    task = PipelineTask(Pipeline([upstream, llm, collector]), params=PipelineParams(), idle_timeout_secs=None)
     clip = speak_clip("what is on the table", noise=30, seed=1)
     pcm24 = resample(Pcm(clip.pcm16, INPUT_RATE), OUTPUT_RATE).samples
     step = OUTPUT_RATE * 2 // 50  # 20 ms
@@ -161,4 +161,4 @@ async def test_the_user_talks_over_a_spoken_answer_and_asks_again(server: Runnin
     assert len(assistant_items) >= 2
     assert len(heard.split()) < len(said.split()) and "[interrupted]" not in heard  # cut to what played
     assert all(word in said for word in heard.split())
-    assert not collector.of(ErrorFrame)
+    assert not collector.of(ErrorFrame) and not upstream.of(ErrorFrame), upstream.of(ErrorFrame)
