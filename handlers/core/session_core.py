@@ -868,7 +868,8 @@ class SessionCore:
 
     def _commit_audio(self, item_id: str) -> AudioCommitted:
         if self.detector is not None:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, "turn detection is on: the server commits the audio itself")
+            # nothing waits to be committed: turn detection commits each spoken turn itself
+            raise SessionError(ErrorCode.INVALID_AUDIO, "turn detection is on: the server commits the audio itself")
         if not self.audio:
             raise SessionError(ErrorCode.INVALID_AUDIO, "no audio is buffered to commit")
         if self._pending_audio_bytes() + len(self.audio) > self.limits.max_audio_bytes:

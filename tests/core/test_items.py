@@ -292,3 +292,17 @@ def test_previous_item_ids_follow_the_core_conversation() -> None:
                             thumbnail(data), 2000.0).ack
     assert ack is not None and ack.previous_item_id == plan.item_id
     assert "previous_item_id" not in ack.model_dump_json()  # not on the v1 wire
+
+
+def test_a_commit_under_turn_detection_is_an_empty_commit() -> None:
+    """With server turn detection the server commits each spoken turn: a client's commit finds
+    nothing to commit (input_audio_buffer_commit_empty on /v1/realtime, which clients that
+    commit anyway, as LiveKit does, take as harmless)."""
+    from handlers.wire.commands import CommitAudio
+
+    core = _core()
+    core.update({"turn_detection": {"type": "server_vad"}})
+    with pytest.raises(SessionError) as exc:
+        core.apply(CommitAudio(item_id="c1"))
+    assert exc.value.code is ErrorCode.INVALID_AUDIO
+    assert openai_code(exc.value.code, "input_audio_buffer.commit") == "input_audio_buffer_commit_empty"
