@@ -28,6 +28,8 @@ import logging
 import uuid
 from typing import Any
 
+from pydantic import ValidationError
+
 from handlers.wire.codec import CoreInput
 from handlers.wire.commands import (
     AnswerRequest,
@@ -71,6 +73,7 @@ from handlers.wire.protocol import (
     SessionConfig,
     SessionReady,
     VideoFrame,
+    describe_validation_error,
 )
 from handlers.realtime import events as rt
 from handlers.realtime.audio import audio_in, audio_out
@@ -180,6 +183,10 @@ class RealtimeCodec:
         except SessionError as exc:
             exc.origin = origin
             raise
+        except ValidationError as exc:  # a command out of the core's bounds (text too long, ...)
+            error = SessionError(ErrorCode.INVALID_MESSAGE, f"{event.type}: {describe_validation_error(exc)}")
+            error.origin = origin
+            raise error from None
 
     def _decode(self, event: rt.RealtimeClientEvent) -> list[CoreInput]:
         if isinstance(event, rt.SessionUpdate):

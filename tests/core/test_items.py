@@ -306,3 +306,18 @@ def test_a_commit_under_turn_detection_is_an_empty_commit() -> None:
         core.apply(CommitAudio(item_id="c1"))
     assert exc.value.code is ErrorCode.INVALID_AUDIO
     assert openai_code(exc.value.code, "input_audio_buffer.commit") == "input_audio_buffer_commit_empty"
+
+
+def test_realtime_events_out_of_the_cores_bounds_are_refused_not_raised() -> None:
+    """An item whose parts add up past the core's text bound, or a previous_item_id too long,
+    is an invalid_message error naming the event (the session goes on), not an exception."""
+    codec = RealtimeCodec("m")
+    long_reply = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "y" * 15000}] * 3}
+    for message in [
+        {"type": "conversation.item.create", "event_id": "e5", "item": long_reply},
+        {"type": "conversation.item.create", "event_id": "e5", "previous_item_id": "x" * 300,
+         "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+    ]:
+        with pytest.raises(SessionError) as exc:
+            codec.decode(json.dumps(message))
+        assert exc.value.code is ErrorCode.INVALID_MESSAGE and exc.value.origin == Origin("e5", "conversation.item.create")
