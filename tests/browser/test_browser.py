@@ -15,6 +15,7 @@ import base64
 import io
 import itertools
 import json
+import re
 import shutil
 import statistics
 import time
@@ -330,7 +331,8 @@ def run_page_checks(page: Page, server: RunningServer, wire: list[WireLog], tmp_
     wait_for(lambda: len(wire) == 1 and len(wire[0].frames) >= 8, 20, "8 frames at the server")
 
     session = wire[0]
-    assert session.query == {"api_key": "test-key"}
+    assert session.query.keys() == {"api_key", "route"} and session.query["api_key"] == "test-key"
+    assert re.fullmatch(r"[A-Za-z0-9_-]{16}", session.query["route"])  # the tab's routing key
     assert session.kinds[0] == "session.config"
     assert session.config["max_frames"] == 16 and session.config["enable_frame_filter"] is False
     assert session.config["system_prompt"] == "Answer briefly." and session.config["sampling"]["max_tokens"] == 12
@@ -435,7 +437,8 @@ def check_stop_button(page: Page, wire: list[WireLog]) -> None:
 
 
 def check_reconnect(page: Page, wire: list[WireLog]) -> None:
-    """A dropped connection is shown, then re-established with a new session; frames flow again."""
+    """A dropped connection is shown, then re-established with a new session, carrying the
+    same routing key; frames flow again."""
     sessions = len(wire)
     page.evaluate("window.livesight.app.connection.ws.close(4000, 'simulated drop')")
     expect(page.locator("#conn-state")).to_have_attribute("data-state", "reconnecting")
@@ -443,6 +446,7 @@ def check_reconnect(page: Page, wire: list[WireLog]) -> None:
     expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready", timeout=10_000)
     wait_for(lambda: len(wire) == sessions + 1 and len(wire[-1].frames) >= 1, 10, "frames after the reconnect")
     assert wire[-1].kinds[0] == "session.config"
+    assert wire[-1].query["route"] == wire[-2].query["route"]  # a balancer sends it back to the same gateway
 
 
 def test_browser_watch_alert(
