@@ -18,9 +18,9 @@ from server.bench.spoken import speak_clip
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
 from tests.protocol_client import jpeg_frame
 
-lk_llm = pytest.importorskip("livekit.agents.llm")
-lk_openai = pytest.importorskip("livekit.plugins.openai")
-rtc = pytest.importorskip("livekit.rtc")
+import livekit.agents.llm as lk_llm  # noqa: E402  (the test extra pins livekit-agents: no skip)
+import livekit.plugins.openai as lk_openai  # noqa: E402
+from livekit import rtc  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,6 @@ from PIL import Image
 from server.background import RunningServer
 from tests.protocol_client import jpeg_frame
 
-pytest.importorskip("pipecat")
 from pipecat.frames.frames import (  # noqa: E402
     ErrorFrame,
     Frame,
