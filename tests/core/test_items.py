@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from handlers.core.frames import content_key
-from handlers.core.session_core import Limits, SessionCore, VoicePaths
+from handlers.core.session_core import SessionCore, VoicePaths
 from handlers.core.timeline import Message, heard_text
-from handlers.media.frame_image import FrameImage
 from handlers.media.similarity import thumbnail
 from handlers.realtime import RealtimeCodec
 from handlers.realtime.codec import openai_code
@@ -28,12 +26,10 @@ from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.protocol import ErrorEvent, SessionConfig, VideoFrame
 from server.engines.base import Capabilities, TextSegment
 from server.speech.wav import encode_wav
+from tests.core.items_world import LIMITS
+from tests.core.items_world import feed_frame as _feed
 from tests.protocol_client import b64, jpeg_frame
 
-LIMITS = Limits(
-    max_frame_bytes=100_000, max_audio_bytes=1000, max_queue=10, idle_timeout_s=5, max_history_turns=2,
-    max_answer_tokens=64,
-)
 
 
 def _core() -> SessionCore:
@@ -41,14 +37,6 @@ def _core() -> SessionCore:
     core = SessionCore("s1", LIMITS, Capabilities(name="x", model="m", max_image_side=640), voice)
     core.configure(SessionConfig())
     return core
-
-
-def _feed(core: SessionCore, seed: int, frame_id: str) -> None:
-    data = jpeg_frame(seed)
-    event = VideoFrame(type="video.frame", data=b64(data), frame_id=frame_id)
-    intake = core.accept_frame(event, data, content_key(data), thumbnail(data), 1000.0)
-    assert intake.frame is not None
-    intake.frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
 
 
 def _texts(core: SessionCore, question: str | None = None) -> list[tuple[str, str]]:

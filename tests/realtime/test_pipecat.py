@@ -60,18 +60,32 @@ def image_frame(seed: int) -> InputImageRawFrame:
     return InputImageRawFrame(image=image.tobytes(), size=image.size, format="RGB")
 
 
+def realtime_service(server: RunningServer, **session: Any) -> OpenAIRealtimeLLMService:
+    """Pipecat's Realtime service on the server, with no turn detection and ``session``'s properties."""
+    return OpenAIRealtimeLLMService(
+        api_key="unused", base_url=f"ws://{server.host}:{server.port}/v1/realtime",
+        settings=OpenAIRealtimeLLMService.Settings(session_properties=events.SessionProperties(
+            audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)), **session,
+        )),
+    )
+
+
+async def start_with_a_frame(tg: Any, task: PipelineTask, llm: OpenAIRealtimeLLMService, seed: int) -> None:
+    """Run the pipeline in ``tg``, wait for the session, then send one camera frame."""
+    tg.start_soon(PipelineRunner(handle_sigint=False).run, task)
+    with anyio.fail_after(30):
+        while not llm._api_session_ready:
+            await anyio.sleep(0.05)
+    await task.queue_frame(image_frame(seed))
+    await anyio.sleep(0.5)  # the frame is taken before the question
+
+
 async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(server: RunningServer) -> None:
     """Text out, no turn detection: a camera frame, then a context of a system message and
     user and assistant messages closing on a question: the answer streams as LLM text frames
     and ends, its item is retrieved as the assistant's with that text, and no error frame
     comes (Pipecat would stop reading at one, and refused assistant items were one)."""
-    llm = OpenAIRealtimeLLMService(
-        api_key="unused", base_url=f"ws://{server.host}:{server.port}/v1/realtime",
-        settings=OpenAIRealtimeLLMService.Settings(session_properties=events.SessionProperties(
-            output_modalities=["text"], max_output_tokens=32,
-            audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)),
-        )),
-    )
+    llm = realtime_service(server, output_modalities=["text"], max_output_tokens=32)
     created: list[tuple[str, str]] = []
 
     @llm.event_handler("on_conversation_item_created")
@@ -87,12 +101,7 @@ async def test_a_camera_frame_then_seeded_history_and_a_question_stream_text(ser
         {"role": "user", "content": "What do you see?"},
     ])
     async with anyio.create_task_group() as tg:
-        tg.start_soon(PipelineRunner(handle_sigint=False).run, task)
-        with anyio.fail_after(30):
-            while not llm._api_session_ready:
-                await anyio.sleep(0.05)
-        await task.queue_frame(image_frame(1))
-        await anyio.sleep(0.5)
+        await start_with_a_frame(tg, task, llm, 1)
         await task.queue_frame(LLMContextFrame(context))
         await collector.wait(LLMFullResponseEndFrame)
         answer = next(item_id for item_id, role in created if role == "assistant")  # the server's own
@@ -114,13 +123,7 @@ async def test_the_user_talks_over_a_spoken_answer_and_asks_again(server: Runnin
     from server.bench.spoken import speak_clip
     from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, resample
 
-    llm = OpenAIRealtimeLLMService(
-        api_key="unused", base_url=f"ws://{server.host}:{server.port}/v1/realtime",
-        settings=OpenAIRealtimeLLMService.Settings(session_properties=events.SessionProperties(
-            output_modalities=["audio"], max_output_tokens=48,
-            audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False)),
-        )),
-    )
+    llm = realtime_service(server, output_modalities=["audio"], max_output_tokens=48)
     assistant_items: list[str] = []
 
     @llm.event_handler("on_conversation_item_created")
@@ -134,12 +137,7 @@ async def test_the_user_talks_over_a_spoken_answer_and_asks_again(server: Runnin
     pcm24 = resample(Pcm(clip.pcm16, INPUT_RATE), OUTPUT_RATE).samples
     step = OUTPUT_RATE * 2 // 50  # 20 ms
     async with anyio.create_task_group() as tg:
-        tg.start_soon(PipelineRunner(handle_sigint=False).run, task)
-        with anyio.fail_after(30):
-            while not llm._api_session_ready:
-                await anyio.sleep(0.05)
-        await task.queue_frame(image_frame(2))
-        await anyio.sleep(0.5)
+        await start_with_a_frame(tg, task, llm, 2)
         await task.queue_frame(LLMContextFrame(LLMContext(messages=[{"role": "user", "content": "Describe it all."}])))
         await collector.wait(TTSAudioRawFrame)
         await anyio.sleep(0.4)  # some of it has played
