@@ -11,21 +11,15 @@ import pytest
 from server.background import RunningServer
 from tests.live.conftest import API_KEY
 
-pytest.importorskip("pipecat")
-from google.genai.types import HttpOptions  # noqa: E402
-from pipecat.frames.frames import (  # noqa: E402
-    ErrorFrame,
-    LLMContextFrame,
-    LLMFullResponseEndFrame,
-    LLMTextFrame,
-)
-from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
-from pipecat.pipeline.runner import PipelineRunner  # noqa: E402
-from pipecat.pipeline.task import PipelineParams, PipelineTask  # noqa: E402
-from pipecat.processors.aggregators.llm_context import LLMContext  # noqa: E402
-from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService, GeminiModalities  # noqa: E402
+from google.genai.types import HttpOptions
+from pipecat.frames.frames import ErrorFrame, LLMContextFrame, LLMFullResponseEndFrame, LLMTextFrame
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.runner import PipelineRunner
+from pipecat.pipeline.task import PipelineParams, PipelineTask
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService, GeminiModalities
 
-from tests.realtime.test_pipecat import Collector, image_frame  # noqa: E402  (the same pipeline end, camera frames)
+from tests.realtime.test_pipecat import Collector, image_frame  # the same pipeline end, camera frames
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("trust_live_tls")]
 
