@@ -17,7 +17,7 @@ import anyio
 import pytest
 import websockets
 from google.genai import types
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from server.app import LIVE_PATHS
@@ -130,7 +130,7 @@ async def test_a_fired_watch_is_an_unasked_model_turn(live_server: RunningServer
 
 # --------------------------------------------------------------------------- hostile input
 
-CLOSE_INVALID, CLOSE_POLICY, SKIPPED = 1007, 1008, "skipped"
+CLOSE_INVALID, CLOSE_POLICY, CLOSE_TOO_BIG, SKIPPED = 1007, 1008, 1009, "skipped"
 
 
 def _recase(obj: Any, draw: Any) -> Any:
@@ -150,6 +150,7 @@ def hostile(draw: Any) -> tuple[str, bool, Any]:
     kind = draw(st.sampled_from([
         "not_json", "not_object", "unknown_key", "two_messages", "wrong_type", "surrogate", "tool_response",
         "second_setup", "before_setup", "bad_base64", "bad_audio", "huge_frame", "mixed_case_ok", "nan",
+        "over_message_limit",
     ]))
     jpeg = jpeg_frame(draw(st.integers(0, 50)))
     if kind == "not_json":
@@ -188,6 +189,8 @@ def hostile(draw: Any) -> tuple[str, bool, Any]:
         data = draw(st.sampled_from(["AAAA", "@@@", "", "AA-_AA+/"]))  # odd bytes, not base64, empty, mixed
         mime = draw(st.sampled_from(["audio/pcm;rate=16000", "audio/pcm;rate=1", "audio/opus"]))
         return json.dumps({"realtimeInput": {"audio": {"data": data, "mimeType": mime}}}), False, SKIPPED
+    if kind == "over_message_limit":  # past max_message_bytes (16 MiB): the WebSocket layer closes
+        return TOO_BIG, False, CLOSE_TOO_BIG
     if kind == "huge_frame":
         size = draw(st.sampled_from([11 * 1024 * 1024, 2 * 1024 * 1024]))  # over max_frame_bytes; a huge bad image
         return json.dumps({"realtimeInput": {"video": {"data": "A" * size, "mimeType": "image/jpeg"}}}), False, SKIPPED
@@ -204,12 +207,17 @@ async def bystander(live_server: RunningServer, live_tls: tuple[Path, Path]) -> 
         yield conn
 
 
+TOO_BIG = json.dumps({"realtimeInput": {"video": {"data": "A" * (17 * 1024 * 1024)}}})
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=hostile())
+@example(case=(TOO_BIG, False, CLOSE_TOO_BIG))
+@example(case=('{"setup": {"model": "m"}}', False, CLOSE_INVALID))
 async def test_hostile_input_gets_its_documented_answer(
     live_server: RunningServer, live_tls: tuple[Path, Path], bystander: Raw, case: tuple[str, bool, Any]
 ) -> None:
-    """Each hostile message closes with its documented code and a reason, or is skipped and
+    """Each hostile message (one over max_message_bytes too) closes with its documented code and a reason, or is skipped and
     the session answers a question after it; the bystander session is not affected."""
     message, first, expected = case
     async with raw(live_server, live_tls[0], f"?key={API_KEY}", setup=None if first else TEXT_SETUP) as conn:
@@ -218,7 +226,7 @@ async def test_hostile_input_gets_its_documented_answer(
             await conn.asks(3)
         else:
             code, reason = await conn.closed()
-            assert code == expected and reason, (message[:200], code, reason)
+            assert code == expected and (reason or code == CLOSE_TOO_BIG), (message[:200], code, reason)
     await bystander.asks(4)
 
 
