@@ -124,7 +124,9 @@ def audio_rate(mime_type: str | None) -> int:
     Raises ``invalid_audio`` for another type or a rate outside 8-48 kHz."""
     kind, _, params = (mime_type or "audio/pcm").partition(";")
     if kind.strip().lower() not in {"audio/pcm", "audio/l16"}:
-        raise SessionError(ErrorCode.INVALID_AUDIO, f"audio must be audio/pcm (16-bit little-endian), not {kind[:40]!r}")
+        raise SessionError(
+            ErrorCode.INVALID_AUDIO, f"audio must be audio/pcm (16-bit little-endian), not {kind[:40]!r}"
+        )
     rate = INPUT_RATE
     for param in params.split(";"):
         name, _, value = param.partition("=")
@@ -178,7 +180,9 @@ class LiveCodec:
             try:
                 message = live.parse_client_message(raw)
                 if message.setup is None:
-                    raise SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be setup, not {message.kind()}")
+                    raise SessionError(
+                        ErrorCode.INVALID_CONFIG, f"the first message must be setup, not {message.kind()}"
+                    )
                 config = self._setup(message.setup)
             except SessionError as exc:
                 if exc.code is ErrorCode.INVALID_CONFIG:
@@ -213,8 +217,9 @@ class LiveCodec:
         if gen.max_output_tokens is not None:
             sampling["max_tokens"] = min(gen.max_output_tokens, MAX_OUTPUT_TOKENS)
         voice = None
-        if gen.speech_config and gen.speech_config.voice_config and gen.speech_config.voice_config.prebuilt_voice_config:
-            voice = gen.speech_config.voice_config.prebuilt_voice_config.voice_name
+        speech = gen.speech_config.voice_config if gen.speech_config else None
+        if speech and speech.prebuilt_voice_config:
+            voice = speech.prebuilt_voice_config.voice_name
         fields: dict[str, Any] = {
             "model": setup.model,
             "modalities": ["text", "audio"] if modalities == ["AUDIO"] else ["text"],
@@ -229,7 +234,9 @@ class LiveCodec:
         if unknown:
             raise SessionError(ErrorCode.INVALID_CONFIG, f"livesight: unknown fields {', '.join(unknown)[:80]}")
         if extra.get("watches") and not (setup.proactivity and setup.proactivity.proactive_audio):
-            raise SessionError(ErrorCode.INVALID_CONFIG, "livesight.watches speak unasked: set proactivity.proactiveAudio")
+            raise SessionError(
+                ErrorCode.INVALID_CONFIG, "livesight.watches speak unasked: set proactivity.proactiveAudio"
+            )
         fields.update(extra)
         resumption = setup.session_resumption
         if resumption is not None:
@@ -295,7 +302,9 @@ class LiveCodec:
         mime = (blob.mime_type or "").lower()
         if frame_id is not None and not mime.startswith("audio/"):
             if mime and mime not in IMAGE_TYPES:
-                raise SessionError(ErrorCode.INVALID_IMAGE, f"video must be image/jpeg, image/png or image/webp, not {mime[:40]!r}")
+                raise SessionError(
+                    ErrorCode.INVALID_IMAGE, f"video must be image/jpeg, image/png or image/webp, not {mime[:40]!r}"
+                )
             return VideoFrame(type="video.frame", data=standard_base64(blob.data), frame_id=frame_id)
         rate = audio_rate(blob.mime_type)
         raw = decode_base64(standard_base64(blob.data), ErrorCode.INVALID_AUDIO, "audio")
@@ -313,7 +322,9 @@ class LiveCodec:
         texts: list[tuple[str, str]] = []  # (role, text) of each turn
         for t, turn in enumerate(content.turns or []):
             if turn.role not in {None, "user", "model"}:
-                raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent turns are user or model turns, not {turn.role[:20]!r}")
+                raise SessionError(
+                    ErrorCode.INVALID_MESSAGE, f"clientContent turns are user or model turns, not {turn.role[:20]!r}"
+                )
             role = "assistant" if turn.role == "model" else "user"
             words = []
             for n, part in enumerate(turn.parts):
@@ -330,11 +341,16 @@ class LiveCodec:
             while texts and texts[-1][0] == "user":
                 question.insert(0, texts.pop()[1])
         if any(len(text) > MAX_QUESTION_CHARS for _, text in texts) or len("\n".join(question)) > MAX_QUESTION_CHARS:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"clientContent: a turn's text is at most {MAX_QUESTION_CHARS} characters")
+            raise SessionError(
+                ErrorCode.INVALID_MESSAGE, f"clientContent: a turn's text is at most {MAX_QUESTION_CHARS} characters"
+            )
         items: list[CoreInput] = [
-            UserInput(item_id=f"{self._prefix}.{index}.{n}", role=role, text=text) for n, (role, text) in enumerate(texts)
+            UserInput(item_id=f"{self._prefix}.{index}.{n}", role=role, text=text)
+            for n, (role, text) in enumerate(texts)
         ]
-        asked: list[CoreInput] = [VideoQuery(type="video.query", text="\n".join(question))] if content.turn_complete else []
+        asked: list[CoreInput] = []
+        if content.turn_complete:
+            asked.append(VideoQuery(type="video.query", text="\n".join(question)))
         return [*frames, *items, *asked]
 
     # ------------------------------------------------------------------ core -> client
@@ -408,7 +424,8 @@ class LiveCodec:
             return []
         if pcm.rate != OUTPUT_RATE:
             pcm = resample(pcm, OUTPUT_RATE)
-        blob = live.InlineData(mime_type=f"audio/pcm;rate={OUTPUT_RATE}", data=base64.b64encode(pcm.samples).decode("ascii"))
+        data = base64.b64encode(pcm.samples).decode("ascii")
+        blob = live.InlineData(mime_type=f"audio/pcm;rate={OUTPUT_RATE}", data=data)
         return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(inline_data=blob)]))]
 
     def _done(self, event: ResponseDone) -> list[live.ServerMessage]:

@@ -93,7 +93,9 @@ class GenerationConfig(_In):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     media_resolution: (
-        Literal["MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM", "MEDIA_RESOLUTION_HIGH"]
+        Literal[
+            "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM", "MEDIA_RESOLUTION_HIGH"
+        ]
         | None
     ) = None
     enable_affective_dialog: bool | None = None
@@ -266,7 +268,8 @@ def parse_client_message(raw: str | bytes) -> ClientMessage:
     try:
         return ClientMessage.model_validate(obj)
     except ValidationError as exc:
-        raise SessionError(ErrorCode.INVALID_MESSAGE, f"{to_camel(present[0])}: {_camel(describe_validation_error(exc))}") from None
+        reason = f"{to_camel(present[0])}: {_camel(describe_validation_error(exc))}"
+        raise SessionError(ErrorCode.INVALID_MESSAGE, reason) from None
 
 
 def _camel(text: str) -> str:

@@ -50,17 +50,20 @@ def test_setup_maps_to_session_config_in_either_casing() -> None:
                                   "topP": 0.9, "seed": 3,
                                   "speechConfig": {"voice_config": {"prebuilt_voice_config": {"voice_name": "Puck"}}}},
              "systemInstruction": {"parts": [{"text": "be brief"}]},
-             "realtimeInputConfig": {"automaticActivityDetection": {"startOfSpeechSensitivity": "START_SENSITIVITY_HIGH",
-                                                                    "silenceDurationMs": 400, "prefixPaddingMs": 100},
-                                     "activityHandling": "NO_INTERRUPTION"},
+             "realtimeInputConfig": {
+                 "automaticActivityDetection": {"startOfSpeechSensitivity": "START_SENSITIVITY_HIGH",
+                                                "silenceDurationMs": 400, "prefixPaddingMs": 100},
+                 "activityHandling": "NO_INTERRUPTION"},
              "sessionResumption": {"handle": "abc"}}
-    snake = json.loads(json.dumps(camel).replace("generationConfig", "generation_config")
-                       .replace("maxOutputTokens", "max_output_tokens").replace("silenceDurationMs", "silence_duration_ms"))
+    snake = json.loads(
+        json.dumps(camel).replace("generationConfig", "generation_config")
+        .replace("maxOutputTokens", "max_output_tokens").replace("silenceDurationMs", "silence_duration_ms")
+    )
     for given in (camel, snake):
         config = setup(LiveCodec(), **given)
         assert config.modalities == ["text", "audio"] and config.voice == "Puck"
-        assert (config.sampling.max_tokens, config.sampling.temperature, config.sampling.top_p, config.sampling.seed) == (
-            50, 0.5, 0.9, 3)
+        sampling = config.sampling
+        assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (50, 0.5, 0.9, 3)
         assert config.system_prompt == "be brief" and config.resume_token == "abc"
         vad = config.turn_detection
         assert (vad.threshold, vad.silence_ms, vad.prefix_padding_ms, vad.interrupt_response) == (0.3, 400, 100, False)

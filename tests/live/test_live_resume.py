@@ -42,7 +42,8 @@ async def _parked(server: RunningServer, ca: Path, count: int) -> None:
     context = ssl.create_default_context(cafile=str(ca))
     async with httpx.AsyncClient(verify=context, headers={"x-goog-api-key": API_KEY}) as http:
         with anyio.fail_after(30):
-            while (await http.get(f"https://{server.host}:{server.port}/metrics.json")).json()["sessions_parked"] != count:
+            url = f"https://{server.host}:{server.port}/metrics.json"
+            while (await http.get(url)).json()["sessions_parked"] != count:
                 await anyio.sleep(0.05)
 
 

@@ -200,7 +200,9 @@ async def test_manual_turns_with_activity_start_and_end(live_server: RunningServ
         await live.session.send_client_content(turns=ask("Tell me everything, at length."), turn_complete=True)
         await live.until(lambda m: bool(text_of([m])))
         await live.session.send_realtime_input(activity_start=types.ActivityStart())
-        ended = await live.until(lambda m: bool(m.server_content and (m.server_content.interrupted or m.server_content.turn_complete)))
+        ended = await live.until(
+            lambda m: bool(m.server_content and (m.server_content.interrupted or m.server_content.turn_complete))
+        )
         assert ended[-1].server_content.interrupted
 
 

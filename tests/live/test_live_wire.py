@@ -101,7 +101,9 @@ async def test_the_key_in_the_query_or_as_access_token(live_server: RunningServe
         await conn.asks(2)
 
 
-async def test_transparent_resumption_names_the_last_frame_taken(live_server: RunningServer, live_tls: tuple[Path, Path]) -> None:
+async def test_transparent_resumption_names_the_last_frame_taken(
+    live_server: RunningServer, live_tls: tuple[Path, Path]
+) -> None:
     """sessionResumption.transparent: after each frame taken, an update whose
     lastConsumedClientMessageIndex is that frame's message index (setup is message 0)."""
     setup = {"setup": {**TEXT_SETUP["setup"], "sessionResumption": {"transparent": True}}}
@@ -110,7 +112,9 @@ async def test_transparent_resumption_names_the_last_frame_taken(live_server: Ru
         assert first["sessionResumptionUpdate"]["resumable"] is True
         await conn.send(frame_message(jpeg_frame(30)))
         await conn.send(frame_message(jpeg_frame(31), urlsafe=False))
-        got = await conn.until(lambda m: m.get("sessionResumptionUpdate", {}).get("lastConsumedClientMessageIndex") == "2")
+        got = await conn.until(
+            lambda m: m.get("sessionResumptionUpdate", {}).get("lastConsumedClientMessageIndex") == "2"
+        )
         assert [m["sessionResumptionUpdate"]["lastConsumedClientMessageIndex"] for m in got] == ["1", "2"]
 
 
@@ -160,9 +164,11 @@ def hostile(draw: Any) -> tuple[str, bool, Any]:
     if kind == "not_object":
         return json.dumps(draw(st.sampled_from([[], 1, "setup", None, [{"setup": {}}]]))), False, CLOSE_INVALID
     if kind == "unknown_key":
-        return json.dumps({draw(st.sampled_from(["bogus", "realtime", "Setup", "serverContent"])): {}}), False, CLOSE_INVALID
+        key = draw(st.sampled_from(["bogus", "realtime", "Setup", "serverContent"]))
+        return json.dumps({key: {}}), False, CLOSE_INVALID
     if kind == "two_messages":
-        return json.dumps({"realtimeInput": {"text": "a"}, "client_content": {"turnComplete": True}}), False, CLOSE_INVALID
+        both = {"realtimeInput": {"text": "a"}, "client_content": {"turnComplete": True}}
+        return json.dumps(both), False, CLOSE_INVALID
     if kind == "wrong_type":
         bad = draw(st.sampled_from([
             {"realtimeInput": {"text": 5}}, {"realtime_input": {"video": {"data": 1}}},
@@ -175,7 +181,8 @@ def hostile(draw: Any) -> tuple[str, bool, Any]:
         message = {"realtimeInput": {"text": "\ud800x"}} if where == "text" else {"realtimeInput": {"te\udfffxt": "a"}}
         return json.dumps(message), draw(st.booleans()), CLOSE_INVALID
     if kind == "tool_response":
-        return json.dumps(_recase({"tool_response": {"function_responses": [{"id": "1", "name": "f"}]}}, draw)), False, CLOSE_POLICY
+        tool = _recase({"tool_response": {"function_responses": [{"id": "1", "name": "f"}]}}, draw)
+        return json.dumps(tool), False, CLOSE_POLICY
     if kind == "second_setup":
         return json.dumps(_recase({"setup": {"model": "m"}}, draw)), False, CLOSE_INVALID
     if kind == "before_setup":
@@ -217,8 +224,9 @@ TOO_BIG = json.dumps({"realtimeInput": {"video": {"data": "A" * (17 * 1024 * 102
 async def test_hostile_input_gets_its_documented_answer(
     live_server: RunningServer, live_tls: tuple[Path, Path], bystander: Raw, case: tuple[str, bool, Any]
 ) -> None:
-    """Each hostile message (one over max_message_bytes too) closes with its documented code and a reason, or is skipped and
-    the session answers a question after it; the bystander session is not affected."""
+    """Each hostile message (one over max_message_bytes too) closes with its documented code
+    and a reason, or is skipped and the session answers a question after it; the bystander
+    session is not affected."""
     message, first, expected = case
     async with raw(live_server, live_tls[0], f"?key={API_KEY}", setup=None if first else TEXT_SETUP) as conn:
         await conn.send(message)
@@ -240,7 +248,8 @@ async def test_a_close_for_an_error_is_counted(live_server: RunningServer, live_
     async def count() -> float:
         async with httpx.AsyncClient(verify=context, headers={"x-goog-api-key": API_KEY}) as http:
             text = (await http.get(url)).text
-        line = next((l for l in text.splitlines() if l.startswith('livesight_errors_total{code="unknown_type"}')), "x 0")
+        counter = 'livesight_errors_total{code="unknown_type"}'
+        line = next((row for row in text.splitlines() if row.startswith(counter)), "x 0")
         return float(line.split()[-1])
 
     before = await count()
