@@ -92,7 +92,8 @@ def _log_tail(log_path: Path | None) -> str:
 
 
 def wait_healthy(
-    url: str, proc: subprocess.Popen, timeout_s: float = 300, log_path: Path | None = None, verify: ssl.SSLContext | bool = True,
+    url: str, proc: subprocess.Popen, timeout_s: float = 300, log_path: Path | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> None:
     """Wait until ``url`` (a health endpoint of the server ``proc`` runs) answers 200
     (``verify``: how to check a TLS server's certificate).
