@@ -93,12 +93,17 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.dropped = True  # what the client still sends is dropped unparsed (see the module docstring)
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.pause_reading()
-                # uvicorn would wait close_timeout (10 s) for the close reply it no longer reads:
-                # close now (what is queued, the close frame last, is still delivered), so the
-                # client learns at once (an SDK raises only once the connection has closed).
-                if self.close_timer is not None:
-                    self.close_timer.cancel()
-                self.close_timer = self.loop.call_later(0, self.transport.close)
+                # uvicorn would wait close_timeout (10 s) for the close reply it no longer reads,
+                # and the client for the end of the connection (an SDK raises only then): end it
+                # now, after what is queued (the close frame last). Plain TCP: a FIN (a close()
+                # with unread input would reset the connection and lose the close frame); TLS,
+                # which cannot half-close: close(), which sends close_notify after the queue.
+                if self.transport.can_write_eof():
+                    self.transport.write_eof()
+                else:
+                    if self.close_timer is not None:
+                        self.close_timer.cancel()
+                    self.close_timer = self.loop.call_later(0, self.transport.close)
             return
         if message["type"] == "websocket.send":
             if self.dropped:
