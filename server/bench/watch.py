@@ -459,13 +459,14 @@ def render(costs: list[Cost], tokens_per_check: int | None, base: list[Tally], w
              f"{COST_CHECKS} checks and {COST_CHECKS} questions at each count):"]
     for c in costs:
         check, ttft = statistics.median(c.check_ms), statistics.median(c.server_ttft_ms)
+        cold = statistics.median(c.cold_ms)
         lines.append(
             f"  {c.frames:3d} frames ({c.prompt_tokens} prompt tokens): check median {check:.1f} ms (min "
             f"{min(c.check_ms):.1f}; one engine call for {watches} watches) vs warm question TTFT median {ttft:.1f} ms "
             f"at the server (min {min(c.server_ttft_ms):.1f}), {statistics.median(c.ttft_ms):.1f} ms at the client: "
             f"check / question {_ratio(check, ttft)} (mins {_ratio(min(c.check_ms), min(c.server_ttft_ms))}); "
-            f"cold prefill (no warm prefix, {c.cold_cached} tokens cached) median {statistics.median(c.cold_ms):.1f} ms "
-            f"(min {min(c.cold_ms):.1f}): check / cold {_ratio(check, statistics.median(c.cold_ms))}"
+            f"cold prefill (no warm prefix, {c.cold_cached} tokens cached) median {cold:.1f} ms "
+            f"(min {min(c.cold_ms):.1f}): check / cold {_ratio(check, cold)}"
         )
     b, w = _merged(base), _merged(watched)
     s = score(watched, colours, sessions)
