@@ -52,7 +52,8 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.dropped = False
-        self._unparsed = bytearray()  # read, not yet parsed (parsed a slice per loop turn)
+        self._unparsed = bytearray()  # read, not yet parsed (parsed a slice per loop turn) ...
+        self._offset = 0  # ... from here: a slice is copied out, never the rest behind it
 
     def data_received(self, data: bytes) -> None:
         if self.dropped:
@@ -61,23 +62,31 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
             self._unparsed += data  # after what waits; reading was paused, this is its last read
             self.transport.pause_reading()
             return
-        self._parse(data)
+        if len(data) <= PARSE_SLICE_BYTES:
+            super().data_received(data)
+            self._check_backlog()
+            return
+        self._unparsed, self._offset = bytearray(data), 0
+        self.transport.pause_reading()
+        self._parse_slice()
 
-    def _parse(self, data: bytes | bytearray) -> None:
-        """Parse one slice of ``data`` now and leave the rest for the next loop turn."""
-        if len(data) > PARSE_SLICE_BYTES:
-            self._unparsed = bytearray(data[PARSE_SLICE_BYTES:])
-            data = data[:PARSE_SLICE_BYTES]
-            self.transport.pause_reading()
+    def _parse_slice(self) -> None:
+        """Parse the next slice of what waits now; the rest, if any, at the next loop turn."""
+        start, end = self._offset, self._offset + PARSE_SLICE_BYTES
+        data = bytes(self._unparsed[start:end])
+        if end >= len(self._unparsed):
+            self._unparsed, self._offset = bytearray(), 0
+        else:
+            self._offset = end
             self.loop.call_soon(self._parse_rest)
-        super().data_received(bytes(data))
+        super().data_received(data)
         self._check_backlog()
 
     def _parse_rest(self) -> None:
-        rest, self._unparsed = self._unparsed, bytearray()
         if self.dropped or self.transport is None or self.transport.is_closing():
+            self._unparsed, self._offset = bytearray(), 0
             return
-        self._parse(rest)
+        self._parse_slice()
         if not self._unparsed and not self.read_paused:
             self.transport.resume_reading()  # unless uvicorn's own queue wants it paused
 
