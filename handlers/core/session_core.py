@@ -1079,6 +1079,13 @@ class SessionCore:
                 self._skipped += 1  # the previous new frame got no check of its own
             self._unchecked = True
 
+    def skipped_checks(self) -> int:
+        """The accepted frames no check has looked at and no round has told yet (the newest
+        one too, if it is still unchecked); told once: the count starts again from zero."""
+        skipped = self._skipped + (1 if self._unchecked and len(self.watches) else 0)
+        self._skipped, self._unchecked = 0, False
+        return skipped
+
     def check_due(self, now_s: float) -> float | None:
         """None when no check is wanted (no watch, or nothing new since the last round); else
         the seconds to wait before one may run (0: now). ``now_s``: the caller's monotonic clock."""

@@ -228,6 +228,7 @@ class Session:
                     await self.engine.release(self.id)
                 await self.transport.close(self.close_code)
                 self.closed = True
+                self.observer.checks(0, self.core.skipped_checks())  # frames no round looked at before the end
                 self.observer.closed()
                 self.ended.set()
                 log_context.session_id.reset(context)

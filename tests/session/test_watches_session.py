@@ -189,10 +189,11 @@ class CheckCounts(SessionObserver):
 
 async def test_frames_no_check_looked_at_are_counted_never_queued() -> None:
     """Frames faster than ``min_check_interval_ms``: a round checks only the newest frame and
-    the ones it passed over are told to the observer as skipped (the metrics' count); every
-    check that ran is counted."""
+    the ones it passed over are told to the observer as skipped (the metrics' count), and so
+    are the frames after the last round when the session ends; every check that ran is
+    counted."""
     counts = CheckCounts()
-    limits = replace(LIMITS, min_check_interval_ms=400)
+    limits = replace(LIMITS, min_check_interval_ms=1000)
     checked: list[dict] = []
 
     async def body(t: MemoryTransport, s: Session) -> None:
@@ -207,6 +208,12 @@ async def test_frames_no_check_looked_at_are_counted_never_queued() -> None:
                 await anyio.sleep(0.005)
         checked.extend(e for e in await t.drain() if e["type"] == "watch.check")
 
+        for i in (4, 5):  # after the last round: told when the session ends
+            await t.put(type="video.frame", data=b64(jpeg_frame(GREY[i])), frame_id=i)
+        with anyio.fail_after(10):
+            while s.frames_handled < 6:
+                await anyio.sleep(0.005)
+
     await run(red_engine(), body, limits, counts, watches=[{**RED_WATCH, "report_checks": True}])
     assert [e["frame_id"] for e in checked] == [0, 3]
-    assert (counts.ran, counts.skipped) == (2, 2)
+    assert counts.ran == 2 and counts.skipped == 2 + 2
