@@ -201,7 +201,8 @@ def run_router(sessions: int, frames: int) -> str:
                                                       ("router", [proxy.vllm_url]))):  # the kill comes last
                     marked = [[marked_jpeg(p, 100 * index + s) for p in pictures] for s in range(sessions)]
                     settings = Settings(port=0, engine="openai", openai_urls=urls, max_sessions=sessions + 4,
-                                        log_level="warning", max_frame_bytes=4 * 1024 * 1024, resume_grace_s=0)
+                                        log_level="warning", max_frame_bytes=4 * 1024 * 1024, resume_grace_s=0,
+                                        intake_max_wait_ms=600_000)  # no frame shed: every prompt holds all
                     with run_server(settings) as server:
                         run, outcome = asyncio.run(_phase(name, server, marked, proxy, backends))
                         runs.append(run)
