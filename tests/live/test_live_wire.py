@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import ssl
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +29,7 @@ from tests.protocol_client import jpeg_frame
 
 pytestmark = pytest.mark.anyio
 
+ASK_PACE_S = 0.15  # between one connection's questions: under the default answer budget of 10 a second
 TEXT_SETUP = {"setup": {"model": "models/livesight",
                         "generationConfig": {"responseModalities": ["TEXT"], "maxOutputTokens": 2}}}
 
@@ -36,6 +39,7 @@ class Raw:
 
     def __init__(self, ws: websockets.ClientConnection) -> None:
         self.ws = ws
+        self.asked_at = -math.inf
 
     async def send(self, message: dict[str, Any] | str) -> None:
         await self.ws.send(message if isinstance(message, str) else json.dumps(message))
@@ -65,7 +69,11 @@ class Raw:
             return (closed.rcvd.code, closed.rcvd.reason) if closed.rcvd else (None, "")
 
     async def asks(self, seed: int) -> None:
-        """A frame and a question answered to turnComplete: the session is usable."""
+        """A frame and a question answered to turnComplete: the session is usable. Questions
+        are paced within the session's answer budget (``answer_rate_per_s``, 10 a second by
+        default): one over it is skipped, as Live has no error event, and gets no turn."""
+        await anyio.sleep(max(0.0, self.asked_at + ASK_PACE_S - time.monotonic()))
+        self.asked_at = time.monotonic()
         await self.send(frame_message(jpeg_frame(seed)))
         await self.send({"realtimeInput": {"text": "What is it?"}})
         await self.turn()
