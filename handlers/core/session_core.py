@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from functools import partial
 
 from pydantic import ValidationError
 
@@ -38,17 +37,14 @@ from handlers.wire.commands import (
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.core.frames import Frame, FrameBuffer
 from handlers.media.preparation import PreparedFrame, decode_base64
-from handlers.core.lifecycle import Answer
-from handlers.core.prompt import frame_time_s, render_timeline
+from handlers.core.answer import Answer, Outcome
+from handlers.core.lifecycle import Turns
+from handlers.core.prompt import render_timeline
 from handlers.wire.protocol import (
     ErrorEvent,
-    ConsumedFrame,
     FrameAck,
-    FramesConsumed,
     InputAudioSpeechStarted,
     InputAudioSpeechStopped,
-    InputAudioTranscript,
-    ResponseStart,
     ServerEvent,
     SessionConfig,
     SessionReady,
@@ -64,7 +60,7 @@ from handlers.wire.protocol import (
     describe_validation_error,
 )
 from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
-from handlers.core.items import MAX_INPUT_CHARS, Conversation, PendingInput
+from handlers.core.items import Conversation, PendingInput
 from handlers.core.timeline import Exchange, Message, Timeline, TimelineTurn, heard_text, interrupted_answer
 from handlers.core.watches import WATCH_ANSWER_TOKENS, Decisions, Fire, WatchBook, check_question
 from handlers.core.watches import effective as effective_watch
@@ -173,34 +169,6 @@ class WarmStep:
     prompt: Prompt
 
 
-@dataclass
-class QueryPlan:
-    """One answer: its frames (pinned until ``finish``), question and audio; ``used`` is the
-    frames its prompt holds (set by ``query_prompt``)."""
-
-    request_id: str
-    question: str
-    frames: list[Frame]
-    audio: AudioSegment | None
-    sampling: Sampling
-    text: list[str] = field(default_factory=list)
-    used: list[Frame] = field(default_factory=list)
-    prompted: bool = False
-    modalities: list[str] = field(default_factory=lambda: ["text"])
-    instructions: str | None = None  # replaces the system prompt for this answer only
-    spoken: str = ""  # the question's words that were speech (transcribed): usage's audio tokens
-    trigger: ResponseTrigger | None = None  # a fired watch's answer: what started it
-    item_id: str = ""  # the conversation item the answer is
-    input_ids: list[str] = field(default_factory=list)  # the items its question is made of
-    in_conversation: bool = True  # false: its question and answer do not join the timeline
-    context: list[InputMessage] | None = None  # its own context instead of the timeline
-    metadata: dict[str, str] | None = None  # the client's, echoed
-    audio_pieces: list[tuple[float, str]] = field(default_factory=list)  # (audio ms so far, words)
-    heard_ms: int | None = None  # truncated by the client while it ran: what it played
-    deleted: bool = False  # deleted by the client while it ran: it does not join the timeline
-    after_silence: bool = False  # started by the idle timeout (which then waits for the next answer)
-
-
 #: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
 FIXED_AT_START = frozenset({"model", "prefix_warmup"})
 #: ``detail: "low"``: an image goes to the model at most this size (and half the model's at most).
@@ -273,7 +241,7 @@ class SessionCore:
         self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
         self.speech_item: str | None = None  # the item id of the speech heard now (or last)
         self.items = Conversation(self)  # the conversation's items as a Realtime client edits them
-        self.running: QueryPlan | None = None  # the answer asked or running (until ``finish``)
+        self.turns = Turns()  # what runs on the engine: a prefill, or the answer asked or running
         self.idle_at: float | None = None  # when silence starts an answer (turn_detection.idle_timeout_ms)
         self._idle_since = 0  # the stream sample the silence counts from
         self._speech_items = itertools.count(1)
@@ -664,7 +632,7 @@ class SessionCore:
         newer = [f for f in self.buffer.frames if not held or f.seq > held[-1].seq]
         return [f for f in held if f.in_window] + newer
 
-    def plan_query(self, event: VideoQuery) -> QueryPlan:
+    def plan_query(self, event: VideoQuery) -> Answer:
         """Start an answer: pins its frames and takes the buffered audio (with turn detection
         on, the buffer belongs to the detector: only ``audio_data`` is taken).
 
@@ -687,31 +655,20 @@ class SessionCore:
         input_ids = [i.item_id for i in self.inputs]
         self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        plan = self._plan(frames, question, audio)
-        plan.spoken, plan.input_ids = spoken, input_ids
-        return plan
+        answer = self._plan(frames, question, audio)
+        answer.spoken, answer.input_ids = spoken, input_ids
+        return answer
 
-    def plan_spoken_query(self, question: SpokenQuestion) -> QueryPlan:
+    def plan_spoken_query(self, question: SpokenQuestion) -> Answer:
         """Start an answer to a question turn detection found. Raises ``no_frames``."""
         frames = self.candidate_frames()
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the spoken question; send video.frame first")
-        plan = self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
-        plan.input_ids = [question.item_id] if question.item_id else []
-        return plan
+        answer = self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
+        answer.input_ids = [question.item_id] if question.item_id else []
+        return answer
 
-    def answer_ended(self, plan: QueryPlan, now_s: float) -> None:
-        """An answer's end was sent (``now_s``: the caller's monotonic clock): with an idle
-        timeout, silence from when its audio has played on starts an answer (once: not after
-        the answer a silence started)."""
-        turns = self.config.turn_detection
-        if turns is None or turns.idle_timeout_ms is None or self.detector is None or plan.after_silence:
-            return  # once per silence: the answer a silence started arms nothing
-        audio_s = plan.audio_pieces[-1][0] / 1000 if plan.audio_pieces else 0.0
-        self.idle_at = now_s + audio_s + turns.idle_timeout_ms / 1000
-        self._idle_since = self.audio_total
-
-    def plan_idle(self) -> tuple[QueryPlan, IdleTimeout]:
+    def plan_idle(self) -> tuple[Answer, IdleTimeout]:
         """The answer a silence starts (no question: the conversation so far prompts it), and
         the event that says why. Raises ``no_frames``."""
         self.idle_at = None
@@ -721,13 +678,13 @@ class SessionCore:
         item_id = f"item_idle_{self.session_id[:8]}_{next(self._speech_items)}"
         event = IdleTimeout(item_id=item_id, audio_start_ms=self._idle_since * 1000 / RATE,
                             audio_end_ms=self.audio_total * 1000 / RATE)
-        plan = self._plan(frames, "", None)
-        plan.after_silence = True
-        return plan, event
+        answer = self._plan(frames, "", None)
+        answer.after_silence = True
+        return answer, event
 
     def _plan(
         self, frames: list[Frame], question: str, audio: AudioSegment | None, request: AnswerRequest | None = None
-    ) -> QueryPlan:
+    ) -> Answer:
         self.idle_at = None  # an answer is asked: the silence it waited for is over
         self.buffer.pin(frames)
         sampling = self.config.sampling
@@ -739,7 +696,7 @@ class SessionCore:
             wanted = [m for m in request.modalities if m == "text" or self.voice.output is not None]
             modalities = list(dict.fromkeys(["text", *wanted]))
         number = next(self._requests)
-        return QueryPlan(
+        return Answer(
             request_id=f"resp_{self.session_id[:8]}_{number}",
             item_id=f"item_answer_{self.session_id[:8]}_{number}",
             question=question,
@@ -759,7 +716,7 @@ class SessionCore:
                 "a response is in progress; wait for its response.done (or cancel it) before creating another",
             )
 
-    def plan_answer(self, request: AnswerRequest) -> QueryPlan:
+    def plan_answer(self, request: AnswerRequest) -> Answer:
         """Start an answer over the pending inputs (their text is the question, their audio
         the spoken part); the inputs are used up unless the answer stays out of the
         conversation. With ``input``, the answer's context is only that: its messages, and
@@ -777,12 +734,12 @@ class SessionCore:
         if request.in_conversation:
             self.inputs.clear()
         audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        plan = self._plan(frames, question, audio, request)
-        plan.spoken, plan.input_ids = spoken, input_ids if request.in_conversation else []
-        plan.in_conversation, plan.metadata = request.in_conversation, request.metadata
-        return plan
+        answer = self._plan(frames, question, audio, request)
+        answer.spoken, answer.input_ids = spoken, input_ids if request.in_conversation else []
+        answer.in_conversation, answer.metadata = request.in_conversation, request.metadata
+        return answer
 
-    def _plan_own_context(self, request: AnswerRequest) -> QueryPlan:
+    def _plan_own_context(self, request: AnswerRequest) -> Answer:
         messages: list[InputMessage] = []
         frames: list[Frame] = []
         for part in request.input or []:
@@ -801,26 +758,50 @@ class SessionCore:
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
         question = "\n".join(m.text for m in messages if m.text and m.role == "user")
-        plan = self._plan(frames, question, None, request)
-        plan.context, plan.metadata = messages, request.metadata
-        plan.in_conversation = request.in_conversation
-        return plan
+        answer = self._plan(frames, question, None, request)
+        answer.context, answer.metadata = messages, request.metadata
+        answer.in_conversation = request.in_conversation
+        return answer
 
-    def start_event(self, plan: QueryPlan) -> ResponseStart:
-        """The ``response.start`` event of a planned answer (what its ``Answer`` starts with)."""
-        return self.new_answer(plan, 0.0).start()[0]
+    @property
+    def running(self) -> Answer | None:
+        """The answer asked or running, until its end or withdrawal."""
+        return self.turns.answer
 
-    def new_answer(self, plan: QueryPlan, received: float) -> Answer:
-        """The answer to a planned question (``lifecycle.py``): it turns the engine's outputs
-        into the events to send, ``video.frames.consumed`` (this plan's frames) included.
-        ``received``: when the question came, in seconds on the caller's monotonic clock."""
-        self.running = plan
-        previous = self.items.tail
-        if plan.in_conversation:
-            self.items.appended(plan.item_id)
-        return Answer(plan.request_id, plan.modalities, received, consumed=partial(self.consumed, plan),
-                      trigger=plan.trigger, item_id=plan.item_id, metadata=plan.metadata,
-                      in_conversation=plan.in_conversation, previous_item_id=previous)
+    def ask(self, answer: Answer, received: float) -> bool:
+        """Ask the session for a planned answer (``received``: when the question came, in
+        seconds on the caller's clock): it becomes the turn's answer and, in the conversation,
+        its newest item. Returns True when a running prefill must be stopped before it may
+        start (``turns.may_generate``). Raises ``IllegalTransition`` while another is asked or
+        running: the caller interrupts it, and waits for its end, first."""
+        answer.received = received
+        answer.previous_item_id = self.items.tail
+        stop_prefill = self.turns.ask(answer)
+        if answer.in_conversation:
+            self.items.appended(answer.item_id)
+        return stop_prefill
+
+    def withdraw(self, answer: Answer) -> None:
+        """The asked answer will not start (nothing of it was sent): its frames may go."""
+        self._release(answer)
+        self.turns.withdraw()
+
+    def end_answer(self, answer: Answer, outcome: Outcome, now: float, error_code: str | None = None) -> list[ServerEvent]:
+        """End the running answer; returns its closing events (``Answer.end``: text done,
+        audio done, ``response.done`` with the cause or error code). Its frames may go, what
+        it said joins the timeline (``_keep``), the turn is over (the prefix is behind), and
+        with an idle timeout, silence from when its audio has played (``now``, seconds on the
+        caller's clock) starts an answer: once, not after the answer a silence started."""
+        events = answer.end(outcome, now, error_code)
+        self._release(answer)
+        self._keep(answer)
+        self.turns.end()
+        turns = self.config.turn_detection
+        if turns is not None and turns.idle_timeout_ms is not None and self.detector is not None:
+            if not answer.after_silence:
+                self.idle_at = now + answer.audio_ms / 1000 + turns.idle_timeout_ms / 1000
+                self._idle_since = self.audio_total
+        return events
 
     # ------------------------------------------------------------------ conversation items
     def apply(self, command: Command) -> list[ServerEvent]:
@@ -882,47 +863,38 @@ class SessionCore:
         self.items.appended(item_id)
         return AudioCommitted(item_id=item_id, audio_ms=_ms(pcm), previous_item_id=previous)
 
-    def needs_transcription(self, plan: QueryPlan) -> bool:
-        """True when the plan's audio must become text (the engine takes no audio)."""
-        return plan.audio is not None and self.voice.transcribes
+    def needs_transcription(self, answer: Answer) -> bool:
+        """True when the answer's audio must become text (the engine takes no audio)."""
+        return answer.audio is not None and self.voice.transcribes
 
-    def apply_transcript(self, plan: QueryPlan, transcript: str) -> InputAudioTranscript:
-        """The spoken words become the question (before any typed text) and replace the audio;
-        returns the ``input_audio.transcript`` event."""
-        assert plan.audio is not None
-        audio_ms = round(len(plan.audio.pcm16) / 2 * 1000 / RATE, 1)
-        plan.question = "\n".join(part for part in (transcript.strip(), plan.question.strip()) if part)
-        plan.spoken = "\n".join(part for part in (transcript.strip(), plan.spoken) if part)
-        plan.audio = None
-        return InputAudioTranscript(request_id=plan.request_id, transcript=transcript, audio_ms=audio_ms)
-
-    def settle_frames(self, plan: QueryPlan) -> None:
-        """Drop the plan's frames whose decode failed. Raises ``no_frames`` if none is left."""
-        usable = [f for f in plan.frames if f.image is not None]
-        self.buffer.unpin([f for f in plan.frames if f.image is None])
-        plan.frames = usable
+    def settle_frames(self, answer: Answer) -> None:
+        """Drop the answer's frames whose decode failed. Raises ``no_frames`` if none is left."""
+        usable = [f for f in answer.frames if f.image is not None]
+        self.buffer.unpin([f for f in answer.frames if f.image is None])
+        answer.frames = usable
         if not usable:
             raise SessionError(ErrorCode.NO_FRAMES, "no usable frame is buffered")
 
-    def query_prompt(self, plan: QueryPlan) -> Prompt:
+    def query_prompt(self, answer: Answer) -> Prompt:
         """The prompt for a planned answer (its frames must be decoded): the timeline with the
-        plan's new frames admitted (its newest always) and the question closing the open turn.
-        Sets ``plan.used``, the frames the prompt holds."""
-        plan.prompted = True
-        if plan.context is not None:  # the answer's own context, not the timeline
-            plan.used = [f for f in plan.frames if f.image is not None]
-            return self._render_context(plan)
+        answer's new frames admitted (its newest always) and the question closing the open turn.
+        Sets ``answer.used``, the frames the prompt holds."""
+        answer.prompted = True
+        answer.origin = self.origin
+        if answer.context is not None:  # the answer's own context, not the timeline
+            answer.used = [f for f in answer.frames if f.image is not None]
+            return self._render_context(answer)
         timeline = self.timeline
         timeline.forget_evicted()
-        usable = [f for f in plan.frames if f.image is not None]
+        usable = [f for f in answer.frames if f.image is not None]
         timeline.admit(usable, newest=usable[-1] if usable else None)
-        plan.used = timeline.frames
-        return replace(self._render(plan.question, plan.audio, plan.instructions), spoken=plan.spoken)
+        answer.used = timeline.frames
+        return replace(self._render(answer.question, answer.audio, answer.instructions), spoken=answer.spoken)
 
-    def _render_context(self, plan: QueryPlan) -> Prompt:
+    def _render_context(self, answer: Answer) -> Prompt:
         """An answer's own ``input``: its messages in order, the frames first, the last user
         message asking."""
-        messages = plan.context or []
+        messages = answer.context or []
         last_user = max((n for n, m in enumerate(messages) if m.role == "user"), default=None)
         turns = []
         for n, m in enumerate(messages):
@@ -930,8 +902,8 @@ class SessionCore:
                 turns.append(TimelineTurn([], [Message(m.role if m.role != "system" else "user", m.text or "")]))
         question = messages[last_user].text or "" if last_user is not None else ""
         return render_timeline(
-            system_prompt=plan.instructions or self.system_text(), history=(), turns=turns,
-            open_frames=plan.used, origin=self.origin, timestamps=self.config.frame_timestamps, question=question,
+            system_prompt=answer.instructions or self.system_text(), history=(), turns=turns,
+            open_frames=answer.used, origin=self.origin, timestamps=self.config.frame_timestamps, question=question,
         )
 
     def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
@@ -947,63 +919,31 @@ class SessionCore:
             question=question,
         )
 
-    def consumed(self, plan: QueryPlan) -> FramesConsumed:
-        """The ``video.frames.consumed`` event: exactly the frames in the prompt. ``frames``
-        has one entry per frame (an unnamed one: ``frame_id`` null, known by its ``seq``);
-        ``frame_ids`` only the ids clients gave, so it never holds a null."""
-        origin = self.origin or plan.used[0]
-        frames = [
-            ConsumedFrame(
-                frame_id=f.frame_id,
-                seq=f.seq,
-                pts_ms=f.pts_ms,
-                source_pts_ms=f.source_pts_ms,
-                capture_ts_ms=f.capture_ts_ms,
-                server_receive_ts_ms=f.receive_ts_ms,
-                decoded_ts_ms=f.decoded_ts_ms,
-                decode_ms=f.decode_ms,
-                timestamp_s=round(frame_time_s(f, origin), 3),
-            )
-            for f in plan.used
-        ]
-        pts = [f.pts_ms for f in plan.used if f.pts_ms is not None]
-        return FramesConsumed(
-            request_id=plan.request_id,
-            frame_ids=[f.frame_id for f in plan.used if f.frame_id is not None],
-            frames=frames,
-            latest_pts_ms=max(pts) if pts else None,
-        )
+    def _release(self, answer: Answer) -> None:
+        self.buffer.unpin(answer.frames)
+        answer.frames = []
 
-    def finish(self, plan: QueryPlan, answer: str | None, interrupted: bool = False) -> None:
-        """End an answer: unpin its frames. An answer that reached the engine closes the open
-        turn with its text as generated (``None``: it failed, and the turn stays open); an
+    def _keep(self, answer: Answer) -> None:
+        """What an ended answer leaves in the timeline. One that reached the engine closes
+        the open turn with its text as generated (a failed one leaves the turn open); an
         interrupted one keeps the text it got to, marked (``timeline.INTERRUPTED_MARK``); one
         the client truncated while it ran keeps what was heard, one it deleted only its
         question. An answer out of the conversation leaves the timeline as it was."""
-        self.buffer.unpin(plan.frames)
-        plan.frames = []
-        if self.running is plan:
-            self.running = None
-        if answer is None or not plan.prompted or not plan.in_conversation:
+        kept = answer.kept_text
+        if kept is None or not answer.prompted or not answer.in_conversation:
             return
-        text = interrupted_answer(answer) if interrupted else answer
-        reply = Message("assistant", text, (plan.item_id,), tuple(plan.audio_pieces))
-        if plan.heard_ms is not None and plan.audio_pieces:
-            heard = heard_text(reply, plan.heard_ms)
-            cut = tuple(p for p in plan.audio_pieces if p[0] <= plan.heard_ms)
-            reply = Message("assistant", heard, (plan.item_id,), (*cut, (float(plan.heard_ms), "")))
-        question = Message("user", plan.question, tuple(plan.input_ids))
-        if plan.context is not None:
-            self.close_open_turn([] if plan.deleted else [reply])
+        text = interrupted_answer(kept) if answer.outcome is Outcome.INTERRUPTED else kept
+        pieces = answer.audio_pieces
+        reply = Message("assistant", text, (answer.item_id,), tuple(pieces))
+        if answer.heard_ms is not None and pieces:
+            heard = heard_text(reply, answer.heard_ms)
+            cut = tuple(p for p in pieces if p[0] <= answer.heard_ms)
+            reply = Message("assistant", heard, (answer.item_id,), (*cut, (float(answer.heard_ms), "")))
+        question = Message("user", answer.question, tuple(answer.input_ids))
+        if answer.context is not None:
+            self.close_open_turn([] if answer.deleted else [reply])
         else:
-            self.timeline.close_with([question] if plan.deleted else [question, reply])
-
-    def spoke(self, plan: QueryPlan, wav: bytes, words: str = "") -> None:
-        """A piece of the answer's audio (a 24 kHz WAV) was sent, saying ``words`` (empty: the
-        engine's own voice): a truncation finds what was heard by these."""
-        ms = max(0, len(wav) - 44) / 2 / 24  # PCM16 at 24 kHz after the 44-byte header
-        total = plan.audio_pieces[-1][0] if plan.audio_pieces else 0.0
-        plan.audio_pieces.append((round(total + ms, 1), words))
+            self.timeline.close_with([question] if answer.deleted else [question, reply])
 
     def close_open_turn(self, messages: list[Message]) -> None:
         """The client put an assistant message at the end: the frames shown since the last
@@ -1122,18 +1062,18 @@ class SessionCore:
         decisions.skipped, self._skipped = self._skipped, 0
         return decisions
 
-    def plan_watch(self, fire: Fire) -> QueryPlan:
+    def plan_watch(self, fire: Fire) -> Answer:
         """The answer to a fired watch: over the buffered frames, asked its watch's question,
         marked with its trigger. Raises ``no_frames``."""
         frames = self.candidate_frames()
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the watch's answer")
         spec = fire.watch.spec
-        plan = self._plan(frames, fire.question, None)
+        answer = self._plan(frames, fire.question, None)
         tokens = min(spec.response.max_tokens or WATCH_ANSWER_TOKENS, self.limits.max_answer_tokens)
-        plan.sampling = replace(plan.sampling, max_tokens=tokens)
-        plan.trigger = ResponseTrigger(watch_id=fire.watch.watch_id)
-        return plan
+        answer.sampling = replace(answer.sampling, max_tokens=tokens)
+        answer.trigger = ResponseTrigger(watch_id=fire.watch.watch_id)
+        return answer
 
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""

@@ -43,11 +43,11 @@ from handlers.session import log_context
 from server import blocking
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
+from handlers.core.answer import Answer, Outcome
 from handlers.core.session_core import (
     opening_config,
     Limits,
     Phase,
-    QueryPlan,
     SessionCore,
     SpokenQuestion,
     VoicePaths,
@@ -55,7 +55,7 @@ from handlers.core.session_core import (
 from handlers.wire.errors import CLOSE_CODES, ErrorCode, Origin, SessionError
 from handlers.media.preparation import decode_prepared, prepare_frame
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
-from handlers.core.lifecycle import Answer, Outcome, Turns, TurnState
+from handlers.core.lifecycle import Turns, TurnState
 from handlers.core.rate_limit import ControlBudget, ControlLimits, Verdict
 from handlers.session.observer import SessionObserver
 from handlers.session.resume import ParkedSession, ParkingLot
@@ -103,17 +103,15 @@ class _SessionOver(Exception):
 
 @dataclass
 class Turn:
-    """The running answer's handles: its plan, its events (``Answer``, timed from when the
-    question was read or speech stopped, on ``time.perf_counter``), the cancel scope that
-    interrupts it and the event set once its end was sent. Its state is ``Session.turns``'."""
+    """What the adapter holds of the running answer besides the answer itself (``Answer``,
+    timed from when the question was read or speech stopped, on ``time.perf_counter``): the
+    cancel scope that stops it and the event set once its end was sent."""
 
-    plan: QueryPlan
     answer: Answer
     scope: anyio.CancelScope
     done: anyio.Event
     listening: Listening | None = None  # the question's audio, transcribed as it was spoken
     before: list[ServerEvent] = field(default_factory=list)  # sent before its response.start (watch.fired)
-    stopped_by: str | None = None  # what interrupted it: cancel, question, speech (else the session's end)
     origin: Origin | None = None  # the client event that asked for it (its errors name that event)
 
 
@@ -162,7 +160,7 @@ class Session:
         self.config_timeout_s = config_timeout_s
         self._send_lock = asyncio.Lock()  # anyio's costs ~40 us a frame on the event loop
         self._changed = anyio.Event()  # set, and replaced, on every change of ``turns``
-        self.turns = Turns(on_change=self._wake)  # prefill and answer state: every decision reads it
+        self.core.turns.on_change = self._wake
         self.turn: Turn | None = None  # the asked or running answer's handles (``turns.answer``'s)
         self._warm_scope: anyio.CancelScope | None = None  # the running prefill's, to stop it
         self._tg: TaskGroup | None = None
@@ -173,6 +171,11 @@ class Session:
         self._resume_token: str | None = None
         self._ready: SessionReady | None = None
         self._dropped = False
+
+    @property
+    def turns(self) -> Turns:
+        """What runs on the engine (the core's): every wait of the session is on it."""
+        return self.core.turns
 
     @property
     def settled(self) -> bool:
@@ -242,7 +245,7 @@ class Session:
         except Disconnected:
             pass
         with anyio.move_on_after(timeout_s):
-            await self._until(lambda: not self.turns.answering)
+            await self._until(lambda: self.turn is None)  # its end sent
         if self._tg is not None:
             self._tg.cancel_scope.cancel()  # run() closes the transport with close_code
         else:
@@ -277,7 +280,11 @@ class Session:
             ))
             return False
         async with self.admission.setting_up():
-            await self._start(event)
+            try:
+                await self._start(event)
+            except SessionError as exc:  # a config the core refuses (its watches): invalid_config
+                await self._fail(exc)
+                return False
         if self.core.detector is not None and self.voice.vad is not None:
             self._vad_stream = self.voice.vad.open_stream()
         return True
@@ -293,6 +300,7 @@ class Session:
                 await self.report(exc)  # then a new session with this config
         if parked is not None:
             self.id, self.core = parked.session_id, parked.core
+            self.core.turns.on_change = self._wake
             log_context.session_id.set(self.id)
             ready = self.core.resumed(parked.ready)
             log.info("session resumed at frame %r", self.core.last_frame_id)
@@ -443,7 +451,7 @@ class Session:
         ``cause``: cancel, question or speech (its ``response.done`` says which)."""
         turn = self.turn
         if turn is not None:
-            turn.stopped_by = turn.stopped_by or cause
+            turn.answer.stop(cause)
             turn.scope.cancel()
 
     async def _read_frame(self, queue: anyio.abc.ObjectSendStream[object], event: VideoFrame) -> None:
@@ -545,7 +553,7 @@ class Session:
                         return
                     elif isinstance(event, AnswerRequest):
                         self.answers_asked -= 1
-                        running = self.turn is not None and self.turn.stopped_by is None  # a stopped one is ending
+                        running = self.turn is not None and not self.turn.answer.stopping  # a stopped one is ending
                         self.core.check_request(event, running)
                         await self.interrupt("question")
                         await self._start_turn(self.core.plan_answer(event), received, origin=origin_of(event))
@@ -586,8 +594,8 @@ class Session:
             elif isinstance(decision, SpokenQuestion):
                 await self.interrupt("question")
                 listening, self._listening = self._listening, None
-                plan = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
-                await self._start_turn(plan, time.perf_counter(), listening)
+                answer = await self._plan(partial(self.core.plan_spoken_query, decision), listening)
+                await self._start_turn(answer, time.perf_counter(), listening)
         await self._listen()  # speech that started in this chunk
 
     async def _hold_spoken(self, question: SpokenQuestion) -> None:
@@ -662,7 +670,7 @@ class Session:
             listening, self._listening = self._listening, None
         await self._start_turn(await self._plan(partial(self.core.plan_query, event), listening), received, listening)
 
-    async def _plan(self, make_plan: Callable[[], QueryPlan], listening: Listening | None) -> QueryPlan:
+    async def _plan(self, make_plan: Callable[[], Answer], listening: Listening | None) -> Answer:
         """``make_plan()``; when it raises, the question's transcription is stopped first."""
         try:
             return make_plan()
@@ -673,18 +681,17 @@ class Session:
             raise
 
     async def _start_turn(
-        self, plan: QueryPlan, received: float, listening: Listening | None = None, before: list[ServerEvent] | None = None,
+        self, answer: Answer, received: float, listening: Listening | None = None, before: list[ServerEvent] | None = None,
         origin: Origin | None = None,
     ) -> None:
-        """Ask for the answer, drop the plan's undecodable frames, wait for a running prefill
-        to stop, then start the answer task (``before``: events it sends before its start).
+        """Ask for the answer, drop its undecodable frames, wait for a running prefill to
+        stop, then start the answer task (``before``: events it sends before its start).
         The caller has interrupted the previous answer."""
-        turn = Turn(plan, self.core.new_answer(plan, received), anyio.CancelScope(), anyio.Event(), listening=listening,
-                    before=before or [], origin=origin)
-        stop_prefill = self.turns.ask(turn.answer)  # from here on no prefill starts
+        turn = Turn(answer, anyio.CancelScope(), anyio.Event(), listening=listening, before=before or [], origin=origin)
+        stop_prefill = self.core.ask(answer, received)  # from here on no prefill starts
         self.turn = turn
         try:
-            self.core.settle_frames(plan)
+            self.core.settle_frames(answer)
             if stop_prefill and self._warm_scope is not None:
                 self._warm_scope.cancel()
             await self._until(lambda: self.turns.may_generate)
@@ -692,8 +699,7 @@ class Session:
             with anyio.CancelScope(shield=True):
                 if listening is not None:
                     await listening.cancel()
-            self.core.finish(plan, None)
-            self.turns.withdraw()
+            self.core.withdraw(answer)
             self.turn = None
             turn.done.set()
             raise
@@ -709,21 +715,21 @@ class Session:
 
     async def _answer(self, turn: Turn) -> None:
         """Run one answer: its events come from ``turn.answer`` (exactly one end per start)."""
-        plan, answer = turn.plan, turn.answer
-        log_context.request_id.set(plan.request_id)  # this task's own context: log lines name the answer
+        answer = turn.answer
+        log_context.request_id.set(answer.request_id)  # this task's own context: log lines name the answer
         outcome = Outcome.INTERRUPTED
         error_code: str | None = None
         spoken: SpokenAnswer | None = None
         try:
             await self._send_all([*turn.before, *self.turns.start()])
             with turn.scope:
-                if self.core.needs_transcription(plan):
+                if self.core.needs_transcription(answer):
                     await self._transcribe(turn)
                 spoken = await self._start_speech(turn)
                 trim = NativeAudioTrim(self.voice.native_trim_ms)
-                wants_audio = "audio" in plan.modalities
-                prompt = self.core.query_prompt(plan)
-                stream = self.engine.generate(self.id, plan.request_id, prompt, plan.sampling)
+                wants_audio = "audio" in answer.modalities
+                prompt = self.core.query_prompt(answer)
+                stream = self.engine.generate(self.id, answer.request_id, prompt, answer.sampling)
                 try:
                     async for out in stream:
                         await self._send_all(answer.output(out, time.perf_counter()))
@@ -744,13 +750,13 @@ class Session:
             outcome, error_code = Outcome.FAILED, exc.code.value
             await self.report(exc, turn.origin)
         except EngineError as exc:
-            log.warning("engine failed request %s: %s", plan.request_id, exc)
+            log.warning("engine failed request %s: %s", answer.request_id, exc)
             outcome, error_code = Outcome.FAILED, ErrorCode.ENGINE_ERROR.value
             await self.report(SessionError(ErrorCode.ENGINE_ERROR, "the engine failed to answer"), turn.origin)
         except Disconnected:
             raise
         except Exception:
-            log.exception("bug while answering %s", plan.request_id)
+            log.exception("bug while answering %s", answer.request_id)
             outcome, error_code = Outcome.FAILED, ErrorCode.INTERNAL_ERROR.value
             await self.report(SessionError(ErrorCode.INTERNAL_ERROR, "internal error while answering"), turn.origin)
         finally:
@@ -759,42 +765,40 @@ class Session:
                     await spoken.cancel()  # nothing of this answer is spoken after its response.done
                 if turn.listening is not None:
                     await turn.listening.cancel()  # an interrupted transcription stops at once
-                ending = answer.end(outcome, time.perf_counter(), interrupted_by=turn.stopped_by, error_code=error_code)
-                self.core.finish(plan, answer.kept_text, interrupted=outcome is Outcome.INTERRUPTED)
+                ending = self.core.end_answer(answer, outcome, time.perf_counter(), error_code)
                 try:
                     await self._send_all(ending)
                 except Disconnected:
                     pass  # the client left; the session is ending anyway
-                self.turns.end()
                 self.turn = None
-                self.core.answer_ended(plan, time.monotonic())
-                self._wake()  # the idle timeout may count from here
+                self._wake()  # its end was sent: video.done and drain wait for it; the idle timeout may count
                 turn.done.set()
 
     async def _transcribe(self, turn: Turn) -> None:
-        """Turn the plan's audio into its question; sends ``input_audio.transcript``.
+        """Turn the answer's audio into its question; sends ``input_audio.transcript``.
         The transcription that ran while the question was spoken is finished with the audio
         it has not seen (``audio_data``, or all of it). Raises ``transcription_failed``."""
-        plan = turn.plan
-        assert plan.audio is not None and self.voice.transcriber is not None
+        answer = turn.answer
+        assert answer.audio is not None and self.voice.transcriber is not None
+        pcm = answer.audio.pcm16
         listening = turn.listening
         if listening is None:
-            listening = turn.listening = Listening(self.voice.transcriber.open_stream(), 0, len(plan.audio.pcm16) + 2)
+            listening = turn.listening = Listening(self.voice.transcriber.open_stream(), 0, len(pcm) + 2)
             await self._tg.start(listening.run)
         seen = (listening.fed - listening.start) * 2
-        listening.add(plan.audio.pcm16[seen:], listening.start + len(plan.audio.pcm16) // 2, bounded=False)
+        listening.add(pcm[seen:], listening.start + len(pcm) // 2, bounded=False)
         try:
             transcript = await listening.finish()
         except SpeechError as exc:
-            log.warning("transcription failed for %s: %s", plan.request_id, exc)
+            log.warning("transcription failed for %s: %s", answer.request_id, exc)
             raise SessionError(ErrorCode.TRANSCRIPTION_FAILED, "the spoken question could not be transcribed") from None
-        await self.send(self.core.apply_transcript(plan, transcript))
+        await self.send(answer.transcribed(transcript))
 
     async def _start_speech(self, turn: Turn) -> SpokenAnswer | None:
         """A running speaker for this answer when the session wants audio the engine cannot make."""
         config = self.core.config
         synthesizer = self.voice.synthesizer
-        if "audio" not in turn.plan.modalities or not self.core.voice.speaks or synthesizer is None:
+        if "audio" not in turn.answer.modalities or not self.core.voice.speaks or synthesizer is None:
             return None
         spoken = SpokenAnswer(
             synthesizer, config.voice or synthesizer.default_voice, config.speech_rate,
@@ -808,12 +812,11 @@ class Session:
         return spoken
 
     async def _send_audio(self, turn: Turn, wav: bytes, words: str = "") -> None:
-        self.core.spoke(turn.plan, wav, words)
-        await self._send_all(turn.answer.audio(wav, time.perf_counter()))
+        await self._send_all(turn.answer.audio_out(wav, time.perf_counter(), words))
 
     async def _on_done(self) -> None:
         """``video.done``: let the running answer finish, then say goodbye."""
-        await self._until(lambda: not self.turns.answering)
+        await self._until(lambda: self.turn is None)  # its end sent
         await self.send(SessionDone())
         self.core.move_to(Phase.CLOSING)
         self._tg.cancel_scope.cancel()
@@ -824,14 +827,14 @@ class Session:
         while True:
             await self._until(lambda: self.core.idle_at is not None and self.turn is None)
             assert self.core.idle_at is not None
-            delay = self.core.idle_at - time.monotonic()
+            delay = self.core.idle_at - time.perf_counter()  # the clock answers end on
             if delay > 0:
                 with anyio.move_on_after(delay):
                     await self._changed.wait()  # something changed: look again
                 continue
             try:
-                plan, timed_out = self.core.plan_idle()
-                await self._start_turn(plan, time.perf_counter(), before=[timed_out])
+                answer, timed_out = self.core.plan_idle()
+                await self._start_turn(answer, time.perf_counter(), before=[timed_out])
             except SessionError as exc:
                 log.info("idle timeout with nothing to answer over: %s", exc.message)
 

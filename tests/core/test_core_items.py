@@ -29,6 +29,7 @@ from server.speech.wav import encode_wav
 from tests.core.items_world import LIMITS
 from tests.core.items_world import feed_frame as _feed
 from tests.protocol_client import b64
+from tests.core.answers import answered, withdrawn
 
 
 
@@ -51,7 +52,7 @@ def test_inputs_become_the_next_answers_question_and_audio() -> None:
     core.apply(UserInput(item_id="b", audio=_pcm(160)))
     plan = core.plan_answer(AnswerRequest())
     assert plan.question == "What is this?" and plan.audio is not None and len(plan.audio.pcm16) == 320
-    core.finish(plan, "x")
+    answered(core, plan, "x")
     again = core.plan_answer(AnswerRequest())
     assert again.question == "" and again.audio is None
 
@@ -63,9 +64,9 @@ def test_answer_request_overrides_modalities_tokens_and_instructions_for_one_ans
     _feed(core, 1, "f1")
     plan = core.plan_answer(AnswerRequest(instructions="just this once", modalities=["audio"], max_tokens=999))
     assert plan.modalities == ["text", "audio"] and plan.sampling.max_tokens == 64
-    assert core.start_event(plan).modalities == ["text", "audio"]
+    assert plan.start_event().modalities == ["text", "audio"]
     assert core.query_prompt(plan).turns[0].segments == (TextSegment("just this once"),)
-    core.finish(plan, None)
+    withdrawn(core, plan)
     plan = core.plan_answer(AnswerRequest())
     assert plan.modalities == ["text"] and core.query_prompt(plan).turns[0].segments == (TextSegment("session rules"),)
 
@@ -169,7 +170,7 @@ def test_realtime_codec_strips_the_wav_header_and_reports_cancel_reason() -> Non
     [created] = codec.decode(json.dumps({"type": "response.create", "response": {"output_modalities": ["audio"]}}))
     _feed(core, 1, "f1")
     plan = core.plan_answer(created)
-    codec.encode(core.start_event(plan))
+    codec.encode(plan.start_event())
     pcm = np.arange(480, dtype="<i2").tobytes()
     [delta] = codec.encode(ResponseAudioDelta(request_id=plan.request_id, data=b64(encode_wav(pcm, 24_000))))
     assert base64.b64decode(json.loads(delta)["delta"]) == pcm

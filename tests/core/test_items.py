@@ -24,11 +24,13 @@ from handlers.wire.commands import (
 )
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.protocol import ErrorEvent, SessionConfig, VideoFrame
-from server.engines.base import Capabilities, TextSegment
+from server.engines.base import Capabilities, Finished, TextDelta, TextSegment, Usage
+from handlers.core.answer import Outcome
 from server.speech.wav import encode_wav
 from tests.core.items_world import LIMITS
 from tests.core.items_world import feed_frame as _feed
 from tests.protocol_client import b64, jpeg_frame
+from tests.core.answers import Speech, answered, run_answer
 
 
 
@@ -50,11 +52,8 @@ def _texts(core: SessionCore, question: str | None = None) -> list[tuple[str, st
 
 def _answer(core: SessionCore, text: str, request: AnswerRequest | None = None, wavs: list[tuple[int, str]] = ()):
     plan = core.plan_answer(request or AnswerRequest())
-    core.new_answer(plan, 0.0)
-    core.query_prompt(plan)
-    for ms, words in wavs:
-        core.spoke(plan, encode_wav(bytes(48 * ms), 24_000), words)
-    core.finish(plan, text)
+    speech = [Speech(encode_wav(bytes(48 * ms), 24_000), words) for ms, words in wavs]
+    run_answer(core, plan, [TextDelta(text), *speech, Finished("stop", Usage())])
     return plan
 
 
@@ -126,17 +125,25 @@ def test_a_running_answer_truncated_or_deleted_joins_the_timeline_so() -> None:
     core = _core()
     _feed(core, 1, "f1")
     plan = core.plan_answer(AnswerRequest(modalities=["text", "audio"]))
-    core.new_answer(plan, 0.0)
+    core.ask(plan, 0.0)
+    plan.start()
     core.query_prompt(plan)
-    core.spoke(plan, encode_wav(bytes(48 * 500), 24_000), "Red and blue.")
+    plan.output(TextDelta("Red and blue."), 0.1)
+    plan.audio_out(encode_wav(bytes(48 * 500), 24_000), 0.2, "Red and blue.")
+    retrieved = core.apply(RetrieveItem(item_id=plan.item_id))[0]
+    assert (retrieved.text, retrieved.audio_ms) == ("Red and blue.", 500.0)  # the running answer, as said so far
     core.apply(TruncateItem(item_id=plan.item_id, audio_end_ms=200))
-    core.finish(plan, "Red and blue.")
+    plan.output(Finished("stop", Usage()), 0.3)
+    core.end_answer(plan, Outcome.COMPLETED, 0.4)
     assert core.timeline.turns[-1].answer == "Red"
     plan = core.plan_answer(AnswerRequest())
-    core.new_answer(plan, 0.0)
+    core.ask(plan, 0.0)
+    plan.start()
     core.query_prompt(plan)
     core.apply(DeleteItem(item_id=plan.item_id))
-    core.finish(plan, "Gone.")
+    plan.output(TextDelta("Gone."), 0.1)
+    plan.output(Finished("stop", Usage()), 0.2)
+    core.end_answer(plan, Outcome.COMPLETED, 0.3)
     assert "Gone." not in [m.text for t in core.timeline.turns for m in t.messages]
 
 
@@ -157,11 +164,9 @@ def test_out_of_band_answers_keep_the_conversation_as_it_was() -> None:
     plan = core.plan_answer(AnswerRequest(in_conversation=False, input=[
         InputMessage(role="user", text="Only this?"), InputMessage(item_id="q1"),
     ]))
-    core.new_answer(plan, 0.0)
-    prompt = core.query_prompt(plan)
+    prompt = answered(core, plan, "Both.").prompt
     words = ["".join(s.text for s in t.segments if isinstance(s, TextSegment)) for t in prompt.turns[1:]]
     assert words[0] == "Only this?" and words[-1].endswith("Pending?") and [f.frame_id for f in plan.used] == ["f1"]
-    core.finish(plan, "Both.")
     assert [i.item_id for i in core.inputs] == ["q1"] and not core.timeline.turns
     with pytest.raises(SessionError) as exc:
         core.plan_answer(AnswerRequest(input=[InputMessage(item_id="nope")]))
@@ -239,7 +244,7 @@ def test_realtime_response_metadata_is_echoed_and_out_of_band_joins_no_conversat
         "conversation": "none", "metadata": {"client_event_id": "c1"}}}))
     assert request.exclusive and not request.in_conversation
     plan = core.plan_answer(request)
-    started = [json.loads(m) for m in codec.encode(core.start_event(plan))]
+    started = [json.loads(m) for m in codec.encode(plan.start_event())]
     assert [e["type"] for e in started] == ["response.created", "response.output_item.added",
                                             "response.content_part.added"]
     assert started[0]["response"]["metadata"] == {"client_event_id": "c1"}
@@ -272,9 +277,10 @@ def test_previous_item_ids_follow_the_core_conversation() -> None:
     core.apply(DeleteItem(item_id="q1"))
     assert core.apply(UserInput(item_id="q2", text="Two?"))[0].previous_item_id == "f1"
     plan = core.plan_answer(AnswerRequest())
-    start = core.new_answer(plan, 0.0).start()[0]
+    core.ask(plan, 0.0)
+    start = plan.start()[0]
     assert start.previous_item_id == "q2" and start.item_id == plan.item_id
-    core.finish(plan, None)
+    core.end_answer(plan, Outcome.FAILED, 0.1, "engine_error")
     data = jpeg_frame(7)
     ack = core.accept_frame(VideoFrame(type="video.frame", data=b64(data), frame_id="f2"), data, content_key(data),
                             thumbnail(data), 2000.0).ack

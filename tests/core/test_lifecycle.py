@@ -1,4 +1,4 @@
-"""The turn and answer lifecycle alone (``handlers/core/lifecycle.py``): no socket, no engine, no clock."""
+"""The turn and answer lifecycle alone (``handlers/core/lifecycle.py``, ``answer.py``): no socket, no engine, no clock."""
 
 from __future__ import annotations
 
@@ -10,31 +10,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from handlers.core.lifecycle import (
-    TRANSITIONS,
-    Answer,
-    AnswerPhase,
-    IllegalTransition,
-    Outcome,
-    Trigger,
-    Turns,
-    TurnState,
-)
-from handlers.wire.protocol import FramesConsumed, ServerEvent
-from server.engines.base import AudioChunk, Finished, TextDelta, Usage
+from handlers.core.answer import Answer, AnswerPhase, IllegalTransition, Outcome
+from handlers.core.lifecycle import TRANSITIONS, Trigger, Turns, TurnState
+from handlers.wire.protocol import ServerEvent
+from server.engines.base import AudioChunk, Finished, Sampling, TextDelta, Usage
 
 _ids = itertools.count(1)
 
 
-def _answer(received: float = 10.0, consumed: list[str] | None = None) -> Answer:
-    request_id = f"resp_{next(_ids)}"
-
-    def frames() -> FramesConsumed:
-        if consumed is not None:
-            consumed.append(request_id)
-        return FramesConsumed(request_id=request_id, frame_ids=[1], frames=[])
-
-    return Answer(request_id, ["text", "audio"], received, frames)
+def _answer(received: float = 10.0) -> Answer:
+    return Answer(f"resp_{next(_ids)}", "q", [], None, Sampling(), modalities=["text", "audio"], received=received)
 
 
 def _types(events: list[ServerEvent]) -> list[str]:
@@ -140,8 +125,7 @@ def test_every_change_is_announced() -> None:
 
 def test_completed_answer_events_in_order_with_usage_and_timings() -> None:
     """Start, frames consumed with the first output, text deltas, then text done and response.done with usage and timings."""
-    consumed: list[str] = []
-    answer = _answer(received=10.0, consumed=consumed)
+    answer = _answer(received=10.0)
     assert _types(answer.start()) == ["response.start"]
     first = answer.output(TextDelta("Hel"), 10.25)
     assert _types(first) == ["video.frames.consumed", "response.text.delta"]
@@ -154,7 +138,7 @@ def test_completed_answer_events_in_order_with_usage_and_timings() -> None:
     assert (done.status, done.finish_reason) == ("completed", "stop")
     assert (done.usage.prompt_tokens, done.usage.cached_tokens, done.usage.completion_tokens) == (7, 5, 2)
     assert done.timings.ttft_ms == 250.0 and done.timings.first_audio_ms is None and done.timings.total_ms == 1000.0
-    assert consumed == [answer.request_id] and answer.kept_text == "Hello"
+    assert first[0].request_id == answer.request_id and answer.kept_text == "Hello"
 
 
 def test_interrupted_before_any_output_sends_only_done() -> None:
@@ -179,6 +163,22 @@ def test_interrupted_answer_keeps_its_partial_text_and_any_usage() -> None:
     assert answer.kept_text == "half"
 
 
+def test_an_interrupted_answer_tells_the_first_cause_and_a_failed_one_its_code() -> None:
+    """response.done names what stopped an answer (the first cause given) or the error a failed one sent."""
+    answer = _answer()
+    answer.start()
+    answer.stop("speech")
+    answer.stop("cancel")  # a second stop while it ends does not change why it ended
+    assert answer.stopping
+    assert answer.end(Outcome.INTERRUPTED, 10.2)[-1].interrupted_by == "speech"
+    failed = _answer()
+    failed.start()
+    done = failed.end(Outcome.FAILED, 10.2, error_code="engine_error")[-1]
+    assert (done.interrupted_by, done.error_code) == (None, "engine_error")
+    with pytest.raises(ValueError):
+        _answer().stop("boredom")
+
+
 def test_failed_answer_keeps_no_text() -> None:
     """A failed answer ends failed (reason error) and leaves nothing for the timeline."""
     answer = _answer()
@@ -194,14 +194,14 @@ def test_audio_is_timed_and_closed_before_done() -> None:
     answer = _answer(received=10.0)
     answer.start()
     assert _types(answer.output(AudioChunk(b"RIFFxxxx"), 10.1)) == ["video.frames.consumed"]
-    delta = answer.audio(b"RIFFwav", 10.2)
+    delta = answer.audio_out(b"RIFFwav", 10.2)
     assert _types(delta) == ["response.output_audio.delta"] and delta[0].data == "UklGRndhdg=="
     answer.output(Finished("stop", Usage()), 10.3)
     end = answer.end(Outcome.COMPLETED, 10.5)
     assert _types(end) == ["response.text.done", "response.output_audio.done", "response.done"]
     assert end[-1].timings.first_audio_ms == 200.0
     with pytest.raises(IllegalTransition):
-        answer.audio(b"late", 10.6)  # nothing of an answer is sent after its end
+        answer.audio_out(b"late", 10.6)  # nothing of an answer is sent after its end
 
 
 @pytest.mark.parametrize("misuse", [
@@ -343,7 +343,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def speech(self) -> None:
         answer = self.turns.answer
         if answer is not None:
-            self.sent += self._try(lambda: answer.audio(b"RIFF", self._tick())) or []
+            self.sent += self._try(lambda: answer.audio_out(b"RIFF", self._tick())) or []
 
     @rule(outcome=st.sampled_from(Outcome))
     def end(self, outcome: Outcome) -> None:

@@ -13,8 +13,9 @@ from handlers.core.prompt import Exchange, build_prompt
 from handlers.wire.protocol import SessionConfig, VideoFrame, VideoQuery, parse_client_event
 from handlers.core.timeline import INTERRUPTED_MARK, Timeline, TimelineTurn
 from handlers.media.similarity import thumbnail
-from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextSegment
+from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextDelta, TextSegment
 from tests.protocol_client import b64, jpeg_frame
+from tests.core.answers import answered, run_answer
 
 LIMITS = Limits(
     max_frame_bytes=10_000, max_audio_bytes=100, max_queue=10, idle_timeout_s=5, max_history_turns=2,
@@ -114,8 +115,7 @@ def test_query_plan_pins_frames_and_takes_audio() -> None:
     assert all(f.pins == 1 for f in plan.frames)
     for frame in plan.frames:
         frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))
-    core.query_prompt(plan)
-    core.finish(plan, "answer")
+    answered(core, plan, "answer")
     assert core.history == [Exchange("hi", "answer")]
 
 
@@ -135,11 +135,11 @@ def _decoded(core: SessionCore, seed: int, frame_id=None):
 
 def _ask(core: SessionCore, text: str, answer: str | None = "ok", interrupted: bool = False) -> tuple[Prompt, list]:
     plan = core.plan_query(VideoQuery(type="video.query", text=text))
-    core.settle_frames(plan)
-    prompt = core.query_prompt(plan)
-    used = [f.frame_id for f in plan.used]
-    core.finish(plan, answer, interrupted=interrupted)
-    return prompt, used
+    if answer is None:  # the engine failed it: nothing of it is kept
+        prompt = run_answer(core, plan, [TextDelta("lost")], error_code="engine_error").prompt
+    else:
+        prompt = answered(core, plan, answer, stop="cancel" if interrupted else None).prompt
+    return prompt, [f.frame_id for f in plan.used]
 
 
 def _segments(prompt: Prompt) -> list:
@@ -274,16 +274,14 @@ def test_frames_consumed_lists_no_null_ids() -> None:
     _decoded(core, 3)
     _decoded(core, 4, 7)
     plan = core.plan_query(VideoQuery(type="video.query", text="?"))
-    core.settle_frames(plan)
-    core.query_prompt(plan)
-    consumed = core.consumed(plan).model_dump()
+    events = answered(core, plan, "ok").events
+    consumed = next(e for e in events if e.type == "video.frames.consumed").model_dump()
     assert consumed["frame_ids"] == ["b", 7]
     assert [(f["frame_id"], f["seq"]) for f in consumed["frames"]] == [(None, 0), ("b", 1), (None, 2), (7, 3)]
-    core.finish(plan, "ok")
     unnamed = _core()
     _decoded(unnamed, 5)
     plan = unnamed.plan_query(VideoQuery(type="video.query", text="?"))
     unnamed.settle_frames(plan)
     unnamed.query_prompt(plan)
-    consumed = unnamed.consumed(plan).model_dump()
+    consumed = plan.consumed().model_dump()
     assert consumed["frame_ids"] == [] and len(consumed["frames"]) == 1

@@ -167,7 +167,7 @@ def test_spoken_question_keeps_padding_and_idle_audio_stays_bounded() -> None:
     core.accept_frame(*_frame_args(1))
     plan = core.plan_spoken_query(question)
     assert plan.audio is not None and plan.audio.pcm16 == question.pcm16 and core.needs_transcription(plan)
-    event = core.apply_transcript(plan, "what is that")
+    event = plan.transcribed("what is that")
     assert plan.question == "what is that" and plan.audio is None and event.transcript == "what is that"
 
 
@@ -178,7 +178,7 @@ def test_transcript_comes_before_typed_text_and_vad_owns_the_buffer() -> None:
     core.accept_frame(*_frame_args(1))
     core.add_audio(b64(b"\x01\x00" * 100))
     plan = core.plan_query(VideoQuery(type="video.query", text="in French please"))
-    core.apply_transcript(plan, "what colour is the cup")
+    plan.transcribed("what colour is the cup")
     assert plan.question == "what colour is the cup\nin French please"
     vad = _core(turn_detection={"type": "server_vad"})
     vad.accept_frame(*_frame_args(2))
