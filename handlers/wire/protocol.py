@@ -311,8 +311,8 @@ def parse_client_event(raw: str | bytes, *, configured: bool = False) -> ClientE
 
     ``configured``: the session already has its config, so a bad ``session.config`` is an
     ``invalid_message`` (the session goes on), not an ``invalid_config`` (which closes it).
-    Raises ``SessionError`` with ``invalid_json``, ``invalid_message``, ``invalid_config`` or
-    ``unknown_type``.
+    Raises ``SessionError`` with ``invalid_json``, ``invalid_message``, ``invalid_config``,
+    ``unknown_type`` or ``invalid_watch`` (a ``watch.create`` whose fields do not validate).
     """
     if isinstance(raw, bytes):
         raise SessionError(ErrorCode.INVALID_MESSAGE, "binary messages are not supported; send JSON text")
@@ -330,6 +330,8 @@ def parse_client_event(raw: str | bytes, *, configured: bool = False) -> ClientE
         raise SessionError(bad_code, "a string in the message holds a lone surrogate (\\ud800-\\udfff): not Unicode text")
     if kind not in CLIENT_TYPES:
         raise SessionError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:64]!r}")
+    if kind == "watch.create":  # a watch's fields are judged as watch.update's changes are
+        bad_code = ErrorCode.INVALID_WATCH
     try:
         return _client_event.validate_python(obj)
     except ValidationError as exc:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from handlers.core.session_core import Limits
+from handlers.core.negotiation import Limits
 from handlers.session.adapter import Session
 from handlers.session.observer import SessionObserver
 from tests.protocol_client import b64, jpeg_frame
