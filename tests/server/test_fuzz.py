@@ -1,13 +1,24 @@
-"""Hostile clients: 2,000 generated messages through the real server, each answered as
-docs/protocol.md says, the session usable after, nothing left behind (``livesight bench
-fuzz`` runs the same with 10,000)."""
+"""Hostile clients through the real server (real socket, real engine on the tiny model):
+2,000 generated messages of every kind, each answered as docs/protocol.md says, and 10,000
+watch events, each answered by its one documented code; the session usable after, nothing
+left behind (``livesight bench fuzz`` runs the same with 10,000 messages of every kind)."""
 
 from __future__ import annotations
 
-import pytest
-
+import asyncio
+import json
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handlers.wire.protocol import FrameAck, ResponseDone
+from server.bench.footage import bench_frame
+from server.bench.fuzz_watches import SURROGATES, WatchCases, send_watch_cases
+from server.client.connection import Connection, StreamError
 
 from server.background import RunningServer, run_server
 from server.bench.fuzz import (
@@ -17,7 +28,6 @@ from server.bench.fuzz import (
     fuzz,
     hostile_images,
     wait_for_clean_metrics,
-    watch_storm,
 )
 from server.settings import Settings
 
@@ -59,15 +69,95 @@ def test_hostile_messages_get_their_documented_answers(unlimited_server: Running
     assert metrics["frames_live"] == 0 and metrics["sessions"] == 0
 
 
-def test_watch_storms_get_one_documented_answer_each(unlimited_server: RunningServer) -> None:
-    """2,000 generated watch messages (huge, blank and surrogate conditions, wrong types, create
-    and delete storms over a few ids) a hundred at a time: each gets exactly one answer, its
-    watch event or a documented error, and the session still pongs."""
-    answers = watch_storm(unlimited_server.ws_url, 2_000)
-    assert sum(answers.values()) == 2_000
-    assert answers.get("watch.created", 0) > 0 and answers.get("invalid_message", 0) > 0
-    assert answers.get("unknown_watch", 0) + answers.get("too_many_watches", 0) > 0, answers
-    print(f"watch storm: {answers}")
+WATCH_EVENTS = 10_000
+#: The watches the storm's session starts with (in its session.config).
+CONFIG_WATCHES: list[dict[str, Any]] = [
+    {"watch_id": "door", "condition": "Is someone at the door?"},
+    {"condition": "Is it red? \U0001f534", "threshold": 1, "clear_threshold": 1},
+    {"kind": "narrate", "min_interval_s": 0, "report_checks": True},
+]
+
+
+def test_watch_events_get_their_one_documented_code(unlimited_server: RunningServer) -> None:
+    """10,000 generated watch events (huge, blank, odd and surrogate conditions, every field of
+    the wrong type or out of range, unknown fields, create/update/delete storms past
+    max_watches over few ids) each get exactly the answer the docs give them, each lane in
+    order; then the session pongs, acks frames and answers a question.
+
+    The server's control budget is raised (``UNLIMITED_CONTROL``, Settings fields), so the
+    storm is sent back to back, not paced: the parser and the watch book answer, not the budget.
+    """
+    cases = WatchCases(max_watches=8, rng=random.Random(20_240))
+    cases.seed(CONFIG_WATCHES)
+
+    async def storm() -> None:
+        conn, ready = await Connection.open(unlimited_server.ws_url,
+                                            {"sampling": {"max_tokens": 2, "seed": 0}, "watches": CONFIG_WATCHES})
+        try:
+            assert [w["watch_id"] for w in ready.event.config["watches"]] == ["door", "w1", "w2"]
+            started = time.perf_counter()
+            sent = await send_watch_cases(conn, cases, WATCH_EVENTS)
+            seconds = time.perf_counter() - started
+            print(f"watch events: {sent} in {seconds:.1f} s ({sent / seconds:.0f}/s); answers {sorted(cases.counts.items())}")
+            assert sent >= WATCH_EVENTS
+            await conn.ping()
+            await conn.wait_for("pong", timeout=30)
+            for n in range(3):  # the watches left are checked on these; every frame is still acked
+                await conn.send_frame(bench_frame(n, (64, 48)), frame_id=f"after-{n}")
+            acks = [e for e in await conn.receive_until(
+                lambda e: isinstance(e, FrameAck) and e.frame_id == "after-2", timeout=60) if isinstance(e.event, FrameAck)]
+            assert [a.event.frame_id for a in acks] == ["after-0", "after-1", "after-2"]
+            await conn.query("What do you see?")
+            done = await conn.wait_for(lambda e: isinstance(e, ResponseDone) and e.trigger is None, timeout=120)
+            assert done.event.status == "completed"
+        finally:
+            await conn.close()
+
+    asyncio.run(storm())
+    counts = cases.counts
+    for kind in ("watch.created", "watch.updated", "watch.deleted", "invalid_watch", "unknown_watch",
+                 "too_many_watches", "invalid_message", "unknown_type", "invalid_json"):
+        assert counts.get(kind, 0) >= 100, counts
+    assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
+
+
+def test_watches_in_session_config_get_their_documented_answers(unlimited_server: RunningServer) -> None:
+    """session.config's watches: valid ones (max_watches of them, odd Unicode, boundary values)
+    are in session.ready; one too many, an inconsistent one, an id twice or a lone surrogate
+    refuse the session with invalid_config; a second config with watches is invalid_message."""
+    full = [{"condition": "Is it red? \U0001f534" * 60, "threshold": 0, "clear_threshold": 0, "cooldown_s": 86_400},
+            {"watch_id": "a" * 64, "kind": "narrate", "confirm": 100, "clear": 100}]
+    full += [{"condition": f"\u05d4 {n}?", "response": {"max_tokens": 4096}} for n in range(6)]
+    refused = {
+        "one too many": full + [{"condition": "Nine?"}],
+        "clear above threshold": [{"condition": "x?", "threshold": 0.3}],
+        "no condition": [{"kind": "alert"}],
+        "blank condition": [{"condition": "\u3000"}],
+        "over 1,000 characters": [{"condition": "y" * 1_001}],
+        "an id twice": [{"watch_id": "d", "condition": "x?"}, {"watch_id": "d", "condition": "y?"}],
+        "wrong type": [{"condition": "x?", "confirm": "2"}],
+        "not an object": ["Is it red?"],
+        "surrogate": [{"condition": SURROGATES[0]}],
+    }
+
+    async def sessions() -> None:
+        conn, ready = await Connection.open(unlimited_server.ws_url, {"watches": full})
+        try:
+            assert [w["watch_id"] for w in ready.event.config["watches"]][:2] == ["w1", "a" * 64]
+            assert len(ready.event.config["watches"]) == 8
+            await conn.send_raw(json.dumps({"type": "session.config", "watches": [{"condition": "x?"}]}))
+            assert (await conn.wait_for("error", timeout=30)).event.code == "invalid_message"
+            await conn.ping()
+            await conn.wait_for("pong", timeout=30)
+        finally:
+            await conn.close()
+        for what, watches in refused.items():
+            with pytest.raises(StreamError) as refusal:
+                conn, _ = await Connection.open(unlimited_server.ws_url, {"watches": watches})
+                await conn.close()
+            assert refusal.value.code == "invalid_config", what
+
+    asyncio.run(sessions())
     assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
 
 
