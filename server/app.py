@@ -19,7 +19,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from handlers.media import pixel_pool
 from server import blocking
-from handlers.core.session_core import Limits
+from handlers.core.negotiation import Limits
 from handlers.wire.errors import CLOSE_CODES, ErrorCode
 from handlers.core.frames import live_frame_count
 from handlers.core.rate_limit import ControlLimits

@@ -9,11 +9,9 @@ carries out what it returns; tests can drive it directly.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
-from pydantic import ValidationError
 
 from handlers.wire.commands import (
     AnswerRequest,
@@ -36,7 +34,7 @@ from handlers.wire.commands import (
 )
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.core.frames import Frame, FrameBuffer
-from handlers.media.preparation import PreparedFrame, decode_base64
+from handlers.media.preparation import PreparedFrame
 from handlers.core.answer import Answer, Outcome
 from handlers.core.lifecycle import Turns
 from handlers.core.prompt import render_timeline
@@ -57,14 +55,22 @@ from handlers.wire.protocol import (
     WatchDelete,
     WatchSpec,
     WatchUpdate,
-    describe_validation_error,
 )
 from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.core.items import Conversation, PendingInput
 from handlers.core.timeline import Exchange, Message, Timeline, TimelineTurn, heard_text, interrupted_answer
 from handlers.core.watches import WATCH_ANSWER_TOKENS, Decisions, Fire, WatchBook, check_question
 from handlers.core.watches import effective as effective_watch
-from handlers.core.turn_detection import RATE, SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
+from handlers.core.negotiation import (
+    Limits,
+    VoicePaths,
+    merge_changes,
+    negotiate,
+    warm_prefix,
+)
+from handlers.core.check_schedule import CheckSchedule
+from handlers.core.microphone import Microphone, SpokenQuestion, audio_ms, decode_pcm
+from handlers.core.turn_detection import RATE, SpeechStarted, TurnDetector, TurnEvent
 from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
 
 
@@ -81,61 +87,6 @@ _TRANSITIONS = {
     Phase.CLOSING: {Phase.CLOSED},
     Phase.CLOSED: set(),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The per-session limits a client is told about in ``session.ready``."""
-
-    max_frame_bytes: int
-    max_audio_bytes: int
-    max_queue: int
-    idle_timeout_s: float
-    max_history_turns: int
-    max_answer_tokens: int
-    max_history_tokens: int = 1024
-    max_watches: int = 8
-    min_check_interval_ms: float = 250.0
-
-
-def _any_voice(voice: str) -> bool:
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class VoicePaths:
-    """How this server speaks and listens for a session.
-
-    ``output``: "native" (the engine speaks), a synthesizer's name, or None;
-    ``input``: "native" (the engine hears), a transcriber's name, or None;
-    ``turn_detection``: a voice activity detector is available (window size in samples).
-    """
-
-    output: str | None = None
-    input: str | None = None
-    vad_window: int | None = None
-    default_voice: str | None = None
-    knows_voice: Callable[[str], bool] = _any_voice
-
-    @property
-    def speaks(self) -> bool:
-        """True when answers are spoken by a synthesizer (not by the engine)."""
-        return self.output not in {None, "native"}
-
-    @property
-    def transcribes(self) -> bool:
-        """True when spoken questions are turned into text before the engine sees them."""
-        return self.input not in {None, "native"}
-
-
-@dataclass(frozen=True, slots=True)
-class SpokenQuestion:
-    """Audio that server turn detection found to be one question (16 kHz PCM16)."""
-
-    start_ms: float
-    end_ms: float
-    pcm16: bytes
-    item_id: str = ""  # the speech's item (``SessionCore.speech_item`` when it started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,18 +120,12 @@ class WarmStep:
     prompt: Prompt
 
 
-#: Settings a ``ConfigUpdate`` cannot change (they shape what was set up at the start).
-FIXED_AT_START = frozenset({"model", "prefix_warmup"})
 #: ``detail: "low"``: an image goes to the model at most this size (and half the model's at most).
 LOW_DETAIL_SIDE = 512
 
 
 def _fid(frame_id: str | int | None) -> str | None:
     return None if frame_id is None else str(frame_id)
-
-
-def _ms(pcm16: bytes) -> float:
-    return round(len(pcm16) / 2 * 1000 / RATE, 1)
 
 
 def _spoken(inputs: list[PendingInput]) -> str:
@@ -191,21 +136,6 @@ def _spoken(inputs: list[PendingInput]) -> str:
 def _vad(turns: TurnDetection | None) -> tuple[float, int, int] | None:
     """What the voice activity detector is built from (the rest of turn detection is policy)."""
     return None if turns is None else (turns.threshold, turns.silence_ms, turns.prefix_padding_ms)
-
-
-def opening_config(decode: Callable[[], list[object]]) -> SessionConfig:
-    """The session's first message as its ``session.config`` (``decode`` parses it). Raises
-    ``invalid_config`` for anything else: a message that does not parse, or another type."""
-    try:
-        events = decode()
-    except SessionError as exc:
-        if exc.code in {ErrorCode.INVALID_JSON, ErrorCode.INVALID_MESSAGE, ErrorCode.UNKNOWN_TYPE}:
-            raise SessionError(ErrorCode.INVALID_CONFIG, f"the first message must be session.config ({exc.message})") from None
-        raise
-    event = events[0] if len(events) == 1 else None
-    if not isinstance(event, SessionConfig):
-        raise SessionError(ErrorCode.INVALID_CONFIG, "the first message must be session.config")
-    return event
 
 
 class SessionCore:
@@ -221,15 +151,12 @@ class SessionCore:
             output="native" if capabilities.audio_output else None,
             input="native" if capabilities.audio_input else None,
         )
-        self.detector: TurnDetector | None = None
-        self.audio_origin = 0  # stream sample index of audio[0] (sample 0 = the first audio received)
-        self.audio_total = 0  # samples received
+        self.mic = Microphone(limits.max_audio_bytes)  # the microphone's audio and its turn detector
         self.phase = Phase.AWAITING_CONFIG
         self.config = SessionConfig()
         self.buffer = FrameBuffer(self.config.max_frames)
         self.filter = SimilarityFilter(DEFAULT_THRESHOLD, True)
         self.timeline = Timeline(self.config.num_frames or 4)
-        self.audio = bytearray()
         self.origin: Frame | None = None
         self._seq = itertools.count()
         self._requests = itertools.count(1)
@@ -246,9 +173,7 @@ class SessionCore:
         self._idle_since = 0  # the stream sample the silence counts from
         self._speech_items = itertools.count(1)
         self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
-        self._unchecked = False  # an accepted frame no round of checks has looked at
-        self._skipped = 0  # accepted frames no check looked at since the last round told of them
-        self._last_check_s: float | None = None
+        self.check_rounds = CheckSchedule(limits.min_check_interval_ms / 1000)
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -264,7 +189,7 @@ class SessionCore:
 
     def warm_prefix_for(self, config: SessionConfig) -> bool:
         """True when a session with ``config`` keeps the engine's prefix warm."""
-        return config.prefix_warmup and self.capabilities.warm_prefix
+        return warm_prefix(config, self.capabilities)
 
     @property
     def history(self) -> list[Exchange]:
@@ -274,16 +199,14 @@ class SessionCore:
     # ------------------------------------------------------------------ config
     def configure(self, config: SessionConfig) -> SessionReady:
         """Apply the first message; returns the ``session.ready`` event."""
-        config, notes = self._normalise(config)
+        config, notes = negotiate(config, self.limits, self.capabilities, self.voice)
         self.config = config
         self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
         self.buffer = FrameBuffer(config.max_frames)
         self.buffer.bulk_eviction = self.warm_prefix
         threshold = config.frame_filter_threshold
         self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
-        if config.turn_detection is not None and self.voice.vad_window is not None:
-            turns = config.turn_detection
-            self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
+        self.mic.detect_turns(self._detector(config))
         self.watches = WatchBook(self.limits.max_watches, self.limits.max_answer_tokens)
         if len(config.watches) > self.limits.max_watches:
             raise SessionError(ErrorCode.INVALID_CONFIG, f"a session may hold {self.limits.max_watches} watches")
@@ -315,40 +238,6 @@ class SessionCore:
         marked resumed, with the last frame the session took (the client resends after it)."""
         return first.model_copy(update={"resumed": True, "last_frame_id": self.last_frame_id})
 
-    def _normalise(self, config: SessionConfig) -> tuple[SessionConfig, list[str]]:
-        """``config`` as this server can serve it, and a note for each change made."""
-        notes = []
-        if config.sampling.max_tokens > self.limits.max_answer_tokens:
-            config = config.model_copy(
-                update={"sampling": config.sampling.model_copy(update={"max_tokens": self.limits.max_answer_tokens})}
-            )
-            notes.append(f"sampling.max_tokens lowered to {self.limits.max_answer_tokens}")
-        if "audio" in config.modalities and self.voice.output is None:
-            config = config.model_copy(update={"modalities": ["text"]})
-            notes.append("audio output is not available on this server; answers are text only")
-        speaking = "audio" in config.modalities and self.voice.speaks
-        if speaking and (config.voice is None or not self.voice.knows_voice(config.voice)):
-            if config.voice is not None:
-                notes.append(f"voice {config.voice!r} is not available; using {self.voice.default_voice!r}")
-            config = config.model_copy(update={"voice": self.voice.default_voice})
-        if config.turn_detection is not None and self.voice.vad_window is None:
-            config = config.model_copy(update={"turn_detection": None})
-            notes.append("server turn detection is not available on this server; send video.query to ask")
-        if config.model and config.model != self.capabilities.model:
-            notes.append(f"model {config.model!r} is not served here; using {self.capabilities.model!r}")
-        most = self.capabilities.max_images
-        if most is not None and config.max_frames > most:
-            notes.append(f"max_frames {config.max_frames} is more than the {most} images a prompt may carry "
-                         f"on this server; using {most}")
-            config = config.model_copy(update={"max_frames": most})
-        if config.num_frames is not None and config.num_frames > config.max_frames:
-            config = config.model_copy(update={"num_frames": config.max_frames})
-        if config.num_frames is None:
-            # vLLM-Omni's default without a warm prefix; with one, the whole window
-            default = config.max_frames if self.warm_prefix_for(config) else 4
-            config = config.model_copy(update={"num_frames": default})
-        return config, notes
-
     def _effective_config(self) -> dict[str, object]:
         effective = self.config.model_dump(exclude={"type", "watches"})
         effective["watches"] = [effective_watch(w.spec) for w in self.watches]
@@ -364,23 +253,10 @@ class SessionCore:
         audio afresh. A change that is not valid is refused alone (``refused`` says which and
         why); the others are applied.
         """
-        current = self.config.model_dump(exclude={"type"})
-        notes = [f"{name} can only be set when the session starts" for name in sorted(FIXED_AT_START & changes.keys())
-                 if changes[name] != current.get(name)]
-        wanted = {k: v for k, v in changes.items() if k not in FIXED_AT_START}
-        refused: list[str] = []
-        try:
-            config = SessionConfig.model_validate({**current, **wanted})
-        except ValidationError:
-            for name in list(wanted):
-                try:
-                    SessionConfig.model_validate({**current, name: wanted[name]})
-                except ValidationError as exc:
-                    refused.append(f"{name}: {describe_validation_error(exc)}")
-                    del wanted[name]
-            config = SessionConfig.model_validate({**current, **wanted})  # each part alone was valid
-        config, more = self._normalise(config)
-        if "watches" in wanted:  # a list of watches replaces the session's
+        merged = merge_changes(self.config, changes)
+        refused = merged.refused
+        config, more = negotiate(merged.config, self.limits, self.capabilities, self.voice)
+        if "watches" in merged.applied:  # a list of watches replaces the session's
             try:
                 self._replace_watches(config.watches)
             except SessionError as exc:
@@ -393,13 +269,8 @@ class SessionCore:
             threshold = config.frame_filter_threshold
             self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
         if _vad(config.turn_detection) != _vad(old.turn_detection):  # not create/interrupt_response
-            self.detector = None
-            self.audio.clear()
-            self.audio_origin = self.audio_total = 0
-            if config.turn_detection is not None and self.voice.vad_window is not None:
-                turns = config.turn_detection
-                self.detector = TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
-        return ConfigUpdated(config=self._effective_config(), notes=notes + more, refused=refused)
+            self.mic.detect_turns(self._detector(config))
+        return ConfigUpdated(config=self._effective_config(), notes=merged.notes + more, refused=refused)
 
     # ------------------------------------------------------------------ frames
     def check_frame_size(self, event: VideoFrame) -> None:
@@ -494,22 +365,26 @@ class SessionCore:
         return SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {reason}", frame_id=_fid(frame.frame_id))
 
     # ------------------------------------------------------------------ audio
+    @property
+    def detector(self) -> TurnDetector | None:
+        """The turn detector, when server turn detection is on."""
+        return self.mic.detector
+
+    def _detector(self, config: SessionConfig) -> TurnDetector | None:
+        turns = config.turn_detection
+        if turns is None or self.voice.vad_window is None:
+            return None
+        return TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
+
+    def _padding(self) -> int:
+        turns = self.config.turn_detection
+        return 0 if turns is None else turns.prefix_padding_ms * RATE // 1000
+
     def add_audio(self, data: str) -> bytes:
         """Buffer a chunk of PCM16 audio; returns its samples. Raises ``invalid_audio``, or
         ``audio_overflow`` (without turn detection: with it, the oldest audio is dropped)."""
-        pcm = self._pcm(data)
-        self.audio_total += len(pcm) // 2
-        if self.detector is None and len(self.audio) + len(pcm) > self.limits.max_audio_bytes:
-            self.audio.clear()
-            self.audio_origin = self.audio_total
-            raise SessionError(
-                ErrorCode.AUDIO_OVERFLOW,
-                f"buffered audio would exceed {self.limits.max_audio_bytes} bytes; the buffer was cleared",
-            )
-        self.audio.extend(pcm)
-        excess = len(self.audio) - self.limits.max_audio_bytes
-        if excess > 0:
-            self._drop_audio_before(self.audio_origin + (excess + 1) // 2)
+        pcm = decode_pcm(data)
+        self.mic.add(pcm)
         return pcm
 
     def detect_turns(self, probabilities: list[float]) -> list[TurnEvent | SpokenQuestion]:
@@ -517,23 +392,16 @@ class SessionCore:
 
         Returns, in order, ``SpeechStarted`` for each start and, for each stop, the
         ``SpeechStopped`` followed by the ``SpokenQuestion`` to answer (its audio runs from
-        ``prefix_padding_ms`` before the start to where the silence was complete). While
-        nobody speaks, only the padding's worth of audio is kept.
+        ``prefix_padding_ms`` before the start to where the silence was complete), named by
+        the speech's item id. While nobody speaks, only the padding's worth of audio is kept.
         """
-        assert self.detector is not None and self.config.turn_detection is not None
-        padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
-        out: list[TurnEvent | SpokenQuestion] = []
-        for event in self.detector.feed(probabilities):
-            out.append(event)
+        out = self.mic.heard(probabilities, self._padding())
+        for n, event in enumerate(out):
             if isinstance(event, SpeechStarted):
                 self.speech_item = f"item_speech_{self.session_id[:8]}_{next(self._speech_items)}"
                 self.idle_at = None  # someone speaks: no answer for the silence
-            if isinstance(event, SpeechStopped):
-                pcm = self._audio_between(event.start_sample - padding, event.detected_sample)
-                self._drop_audio_before(event.detected_sample)
-                out.append(SpokenQuestion(event.start_ms, event.end_ms, pcm, self.speech_item or ""))
-        if not self.detector.speaking:
-            self._drop_audio_before(self.detector.position - padding)
+            elif isinstance(event, SpokenQuestion):
+                out[n] = replace(event, item_id=self.speech_item or "")
         return out
 
     def listen_start(self) -> int | None:
@@ -542,12 +410,7 @@ class SessionCore:
         speech that has started; without it, the whole buffer (the next query takes it)."""
         if not (self.voice.transcribes and self.config.use_audio_in_video):
             return None
-        if self.detector is None:
-            return self.audio_origin if self.audio else None
-        if self.detector.speech_start is None or self.config.turn_detection is None:
-            return None
-        padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
-        return max(0, self.detector.speech_start - padding)  # fixed for the whole speech
+        return self.mic.question_start(self._padding())
 
     def turn_event(self, decision: TurnEvent) -> InputAudioSpeechStarted | InputAudioSpeechStopped:
         """The event that tells the client speech started or stopped (with the speech's item id)."""
@@ -587,42 +450,20 @@ class SessionCore:
         item = next((i for i in self.inputs if i.item_id == item_id and i.pcm16), None)
         if item is None:
             return None
-        audio_ms = _ms(item.pcm16)
+        length_ms = audio_ms(item.pcm16)
         item.text, item.pcm16, item.spoken = transcript.strip() or None, b"", True
         if item.text is None:
             self.inputs.remove(item)
-        return InputTranscribed(item_id=item_id, transcript=transcript, audio_ms=audio_ms)
-
-    def audio_since(self, sample: int) -> bytes:
-        """The buffered audio from stream sample ``sample`` to the newest."""
-        return self._audio_between(sample, self.audio_total)
-
-    def _audio_between(self, start: int, end: int) -> bytes:
-        lo = max(0, start - self.audio_origin) * 2
-        hi = max(0, end - self.audio_origin) * 2
-        return bytes(self.audio[lo:hi])
-
-    def _drop_audio_before(self, sample: int) -> None:
-        drop = sample - self.audio_origin
-        if drop > 0:
-            del self.audio[: drop * 2]
-            self.audio_origin += min(drop, self.audio_total - self.audio_origin)
+        return InputTranscribed(item_id=item_id, transcript=transcript, audio_ms=length_ms)
 
     @staticmethod
     def audio_ms(pcm16: bytes) -> float:
         """How long 16 kHz PCM16 audio is, in ms."""
-        return _ms(pcm16)
+        return audio_ms(pcm16)
 
     def pcm(self, data: str) -> bytes:
         """Base64 PCM16 as bytes. Raises ``invalid_audio``."""
-        return self._pcm(data)
-
-    @staticmethod
-    def _pcm(data: str) -> bytes:
-        pcm = decode_base64(data, ErrorCode.INVALID_AUDIO, "audio")
-        if len(pcm) % 2:
-            raise SessionError(ErrorCode.INVALID_AUDIO, "PCM16 audio must have an even number of bytes")
-        return pcm
+        return decode_pcm(data)
 
     # ------------------------------------------------------------------ queries
     def candidate_frames(self) -> list[Frame]:
@@ -638,15 +479,13 @@ class SessionCore:
 
         Raises ``no_frames`` when nothing is buffered, ``invalid_audio`` for bad audio.
         """
-        extra = self._pcm(event.audio_data) if event.audio_data else b""
+        extra = decode_pcm(event.audio_data) if event.audio_data else b""
         frames = self.candidate_frames()
         if not frames:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send video.frame first")
         pcm = extra
         if self.detector is None:
-            pcm = bytes(self.audio) + extra
-            self.audio.clear()
-            self.audio_origin = self.audio_total
+            pcm = self.mic.take() + extra
         # spoken turns held by turn detection (create_response off) come first; v1 has no other inputs
         held = [i.text for i in self.inputs if i.text]
         pcm = b"".join(i.pcm16 for i in self.inputs) + pcm
@@ -677,7 +516,7 @@ class SessionCore:
             raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the idle timeout's answer")
         item_id = f"item_idle_{self.session_id[:8]}_{next(self._speech_items)}"
         event = IdleTimeout(item_id=item_id, audio_start_ms=self._idle_since * 1000 / RATE,
-                            audio_end_ms=self.audio_total * 1000 / RATE)
+                            audio_end_ms=self.mic.total * 1000 / RATE)
         answer = self._plan(frames, "", None)
         answer.after_silence = True
         return answer, event
@@ -800,7 +639,7 @@ class SessionCore:
         if turns is not None and turns.idle_timeout_ms is not None and self.detector is not None:
             if not answer.after_silence:
                 self.idle_at = now + answer.audio_ms / 1000 + turns.idle_timeout_ms / 1000
-                self._idle_since = self.audio_total
+                self._idle_since = self.mic.total
         return events
 
     # ------------------------------------------------------------------ conversation items
@@ -827,8 +666,7 @@ class SessionCore:
         if isinstance(command, CommitAudio):
             return [self._commit_audio(command.item_id)]
         if isinstance(command, ClearAudio):
-            self.audio.clear()
-            self.audio_origin = self.audio_total
+            self.mic.clear()
             return [AudioCleared()]
         if isinstance(command, DeleteItem):
             return [self.items.delete(command.item_id)]
@@ -851,17 +689,15 @@ class SessionCore:
         if self.detector is not None:
             # nothing waits to be committed: turn detection commits each spoken turn itself
             raise SessionError(ErrorCode.INVALID_AUDIO, "turn detection is on: the server commits the audio itself")
-        if not self.audio:
+        if not self.mic.buffer:
             raise SessionError(ErrorCode.INVALID_AUDIO, "no audio is buffered to commit")
-        if self._pending_audio_bytes() + len(self.audio) > self.limits.max_audio_bytes:
+        if self._pending_audio_bytes() + len(self.mic.buffer) > self.limits.max_audio_bytes:
             raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
-        pcm = bytes(self.audio)
-        self.audio.clear()
-        self.audio_origin = self.audio_total
+        pcm = self.mic.take()
         self.inputs.append(PendingInput(item_id, None, pcm))
         previous = self.items.tail
         self.items.appended(item_id)
-        return AudioCommitted(item_id=item_id, audio_ms=_ms(pcm), previous_item_id=previous)
+        return AudioCommitted(item_id=item_id, audio_ms=audio_ms(pcm), previous_item_id=previous)
 
     def needs_transcription(self, answer: Answer) -> bool:
         """True when the answer's audio must become text (the engine takes no audio)."""
@@ -1015,25 +851,17 @@ class SessionCore:
     def watch_frame_accepted(self) -> None:
         """An accepted frame: the watches have something new to look at."""
         if len(self.watches):
-            if self._unchecked:
-                self._skipped += 1  # the previous new frame got no check of its own
-            self._unchecked = True
+            self.check_rounds.frame_accepted()
 
     def skipped_checks(self) -> int:
         """The accepted frames no check has looked at and no round has told yet (the newest
         one too, if it is still unchecked); told once: the count starts again from zero."""
-        skipped = self._skipped + (1 if self._unchecked and len(self.watches) else 0)
-        self._skipped, self._unchecked = 0, False
-        return skipped
+        return self.check_rounds.told_at_end(bool(len(self.watches)))
 
     def check_due(self, now_s: float) -> float | None:
         """None when no check is wanted (no watch, or nothing new since the last round); else
         the seconds to wait before one may run (0: now). ``now_s``: the caller's monotonic clock."""
-        if not len(self.watches) or not self._unchecked:
-            return None
-        if self._last_check_s is None:
-            return 0.0
-        return max(0.0, self._last_check_s + self.limits.min_check_interval_ms / 1000 - now_s)
+        return self.check_rounds.due(now_s) if len(self.watches) else None
 
     def next_check(self, now_s: float) -> CheckStep | None:
         """The round of checks due now over the warm prefix (its frames pinned until
@@ -1041,8 +869,7 @@ class SessionCore:
         frames = self.timeline.frames
         if not frames:
             return None
-        self._unchecked = False
-        self._last_check_s = now_s
+        self.check_rounds.started(now_s)
         self.buffer.pin(frames)
         prompts = [(w.watch_id, self._render(check_question(w.spec))) for w in self.watches]
         return CheckStep(frames, prompts, frames[-1])
@@ -1052,14 +879,13 @@ class SessionCore:
         """A round of checks ended: unpin its frames and, when it ran to the end (``results``:
         watch id, probability, ms), apply it; returns what to send and the fires."""
         self.buffer.unpin(step.frames)
-        if results is None:
-            self._unchecked = True  # stopped by a question: the frame is checked again later
+        if results is None:  # stopped by a question: the frame is checked again later
             decisions = Decisions()
         else:
             decision_ms = None if step.frame is None else now_ms - step.frame.receive_ts_ms
             decisions = self.watches.record(results, step.frame, now_s, decision_ms)
             decisions.checks = len(results)
-        decisions.skipped, self._skipped = self._skipped, 0
+        decisions.skipped = self.check_rounds.ended(results is not None)
         return decisions
 
     def plan_watch(self, fire: Fire) -> Answer:
@@ -1078,7 +904,7 @@ class SessionCore:
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""
         self.buffer.close()
-        self.audio.clear()
+        self.mic.clear()
         self.inputs.clear()
         if self.phase is not Phase.CLOSED:
             self.phase = Phase.CLOSED

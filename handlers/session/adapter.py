@@ -44,14 +44,9 @@ from server import blocking
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
 from handlers.core.answer import Answer, Outcome
-from handlers.core.session_core import (
-    opening_config,
-    Limits,
-    Phase,
-    SessionCore,
-    SpokenQuestion,
-    VoicePaths,
-)
+from handlers.core.microphone import SpokenQuestion
+from handlers.core.negotiation import Limits, VoicePaths, opening_config
+from handlers.core.session_core import Phase, SessionCore
 from handlers.wire.errors import CLOSE_CODES, ErrorCode, Origin, SessionError
 from handlers.media.preparation import decode_prepared, prepare_frame
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
@@ -646,7 +641,7 @@ class Session:
             listening = Listening(self.voice.transcriber.open_stream(), start, self.core.limits.max_audio_bytes)
             await self._tg.start(listening.run)
             self._listening = listening
-        listening.add(self.core.audio_since(listening.fed), self.core.audio_total)
+        listening.add(self.core.mic.since(listening.fed), self.core.mic.total)
 
     async def _on_command(self, command: Command) -> None:
         """A core command from a codec (items, audio commits, config updates)."""

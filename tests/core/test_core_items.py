@@ -100,7 +100,7 @@ def test_commit_moves_buffered_audio_into_an_item_and_clear_drops_it() -> None:
     core.add_audio(_pcm(100))
     [committed] = core.apply(CommitAudio(item_id="c1"))
     assert isinstance(committed, AudioCommitted) and committed.audio_ms == pytest.approx(6.2, abs=0.1)
-    assert not core.audio
+    assert not core.mic.buffer
     core.add_audio(_pcm(50))
     core.apply(ClearAudio())
     with pytest.raises(SessionError) as err:
@@ -184,7 +184,7 @@ def test_turn_detection_policy_holds_spoken_questions() -> None:
     """create_response off, or speech over an answer that interrupt_response protects: the
     spoken question waits as an input under its speech item id; its words replace its audio
     and the next question (v1 video.query or response.create) takes them."""
-    from handlers.core.session_core import SpokenQuestion
+    from handlers.core.microphone import SpokenQuestion
     from handlers.wire.protocol import VideoQuery
     from handlers.core.turn_detection import SpeechStarted
 

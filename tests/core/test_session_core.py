@@ -102,7 +102,7 @@ def test_audio_limits() -> None:
     core.add_audio(b64(b"\x00" * 80))
     with pytest.raises(SessionError) as err:
         core.add_audio(b64(b"\x00" * 40))
-    assert err.value.code is ErrorCode.AUDIO_OVERFLOW and len(core.audio) == 0
+    assert err.value.code is ErrorCode.AUDIO_OVERFLOW and len(core.mic.buffer) == 0
 
 
 def test_query_plan_pins_frames_and_takes_audio() -> None:
@@ -111,7 +111,7 @@ def test_query_plan_pins_frames_and_takes_audio() -> None:
     _feed(core, 1, "a")
     core.add_audio(b64(b"\x01\x00" * 10))
     plan = core.plan_query(VideoQuery(type="video.query", text="hi", audio_data=b64(b"\x02\x00")))
-    assert plan.audio is not None and len(plan.audio.pcm16) == 22 and not core.audio
+    assert plan.audio is not None and len(plan.audio.pcm16) == 22 and not core.mic.buffer
     assert all(f.pins == 1 for f in plan.frames)
     for frame in plan.frames:
         frame.image = FrameImage.decoded(np.zeros((4, 4, 3), np.uint8))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from handlers.core.session_core import Limits
+from handlers.core.negotiation import Limits
 from handlers.core.frames import live_frame_count
 from handlers.session.adapter import Session
 from tests.protocol_client import b64, jpeg_frame

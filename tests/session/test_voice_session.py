@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from handlers.core.session_core import Limits
+from handlers.core.negotiation import Limits
 from handlers.session.adapter import Session
 from server.engines.base import AudioChunk, AudioSegment, Capabilities, EngineEvent, Finished, Prompt, Sampling, TextDelta, Usage
 from server.speech.base import SpeechError, Synthesizer, Transcriber, VadStream, Voice, VoiceActivityModel

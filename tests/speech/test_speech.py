@@ -9,7 +9,8 @@ import wave
 import numpy as np
 import pytest
 
-from handlers.core.session_core import Limits, SessionCore, SpokenQuestion, VoicePaths
+from handlers.core.microphone import SpokenQuestion
+from handlers.core.session_core import Limits, SessionCore, VoicePaths
 from handlers.wire.protocol import SessionConfig, VideoQuery
 from handlers.session.voice import NativeAudioTrim, SentenceSplitter, speakable
 from handlers.core.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
@@ -157,7 +158,7 @@ def test_spoken_question_keeps_padding_and_idle_audio_stays_bounded() -> None:
     window = b"\x01\x00" * 512
     core.add_audio(b64(window * 10))
     core.detect_turns([0.0] * 10)
-    assert len(core.audio) == 2 * 1024  # 64 ms of padding
+    assert len(core.mic.buffer) == 2 * 1024  # 64 ms of padding
     core.add_audio(b64(window * 10))
     out = core.detect_turns([0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0, 0.0])
     assert [type(o) for o in out] == [SpeechStarted, SpeechStopped, SpokenQuestion]
@@ -193,8 +194,8 @@ def test_long_speech_keeps_the_newest_audio_instead_of_failing() -> None:
     core.detector.speech_start = 0  # somebody is speaking
     for _ in range(5):
         core.add_audio(b64(bytes(20_000)))
-    assert len(core.audio) <= LIMITS.max_audio_bytes and core.audio_total == 50_000
-    assert core.audio_origin == core.audio_total - len(core.audio) // 2
+    assert len(core.mic.buffer) <= LIMITS.max_audio_bytes and core.mic.total == 50_000
+    assert core.mic.origin == core.mic.total - len(core.mic.buffer) // 2
 
 
 def _frame_args(seed: int):
