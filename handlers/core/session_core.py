@@ -51,12 +51,9 @@ from handlers.wire.protocol import (
     VideoFrame,
     VideoQuery,
     WatchCreate,
-    WatchCreated,
     WatchDelete,
-    WatchSpec,
     WatchUpdate,
 )
-from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.core.items import Conversation, PendingInput
 from handlers.core.timeline import Exchange, Message, Timeline, TimelineTurn, heard_text, interrupted_answer
 from handlers.core.watches import WATCH_ANSWER_TOKENS, Decisions, Fire, WatchBook, check_question
@@ -68,6 +65,7 @@ from handlers.core.negotiation import (
     negotiate,
     warm_prefix,
 )
+from handlers.core.camera import Camera, FrameIntake, frame_item, image_side
 from handlers.core.check_schedule import CheckSchedule
 from handlers.core.microphone import Microphone, SpokenQuestion, audio_ms, decode_pcm
 from handlers.core.turn_detection import RATE, SpeechStarted, TurnDetector, TurnEvent
@@ -90,17 +88,6 @@ _TRANSITIONS = {
 
 
 @dataclass(frozen=True, slots=True)
-class FrameIntake:
-    """What happened to one incoming frame, and what the adapter does next: send ``ack``
-    (when the frame has an id), and, when ``warm_due``, have the prefix warmed."""
-
-    ack: FrameAck | None
-    frame: Frame | None  # the buffered frame, None when filtered
-    evicted: list[Frame]
-    warm_due: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class CheckStep:
     """One round of watch checks the adapter runs for the core: one prompt per watch (the
     timeline as warmed, plus the watch's question), over ``frames`` (pinned until
@@ -120,12 +107,6 @@ class WarmStep:
     prompt: Prompt
 
 
-#: ``detail: "low"``: an image goes to the model at most this size (and half the model's at most).
-LOW_DETAIL_SIDE = 512
-
-
-def _fid(frame_id: str | int | None) -> str | None:
-    return None if frame_id is None else str(frame_id)
 
 
 def _spoken(inputs: list[PendingInput]) -> str:
@@ -154,16 +135,9 @@ class SessionCore:
         self.mic = Microphone(limits.max_audio_bytes)  # the microphone's audio and its turn detector
         self.phase = Phase.AWAITING_CONFIG
         self.config = SessionConfig()
-        self.buffer = FrameBuffer(self.config.max_frames)
-        self.filter = SimilarityFilter(DEFAULT_THRESHOLD, True)
+        self.camera = Camera(self.config)  # the frames: buffer, filter, acks
         self.timeline = Timeline(self.config.num_frames or 4)
-        self.origin: Frame | None = None
-        self._seq = itertools.count()
         self._requests = itertools.count(1)
-        self.frames_received = 0
-        self.frames_filtered = 0
-        self.frames_shed = 0
-        self.last_frame_id: str | int | None = None  # the last frame taken (a resumed client resends after it)
         self.inputs: list[PendingInput] = []  # items for the next answer (not used by v1)
         self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
         self.speech_item: str | None = None  # the item id of the speech heard now (or last)
@@ -202,19 +176,12 @@ class SessionCore:
         config, notes = negotiate(config, self.limits, self.capabilities, self.voice)
         self.config = config
         self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
-        self.buffer = FrameBuffer(config.max_frames)
-        self.buffer.bulk_eviction = self.warm_prefix
-        threshold = config.frame_filter_threshold
-        self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
+        self.camera = Camera(config, bulk_eviction=self.warm_prefix)
         self.mic.detect_turns(self._detector(config))
-        self.watches = WatchBook(self.limits.max_watches, self.limits.max_answer_tokens)
-        if len(config.watches) > self.limits.max_watches:
-            raise SessionError(ErrorCode.INVALID_CONFIG, f"a session may hold {self.limits.max_watches} watches")
-        for spec in config.watches:
-            try:
-                self.watches.create(spec)
-            except SessionError as exc:
-                raise SessionError(ErrorCode.INVALID_CONFIG, f"watches: {exc.message}") from None
+        try:
+            self.watches = WatchBook.of(config.watches, self.limits.max_watches, self.limits.max_answer_tokens)
+        except SessionError as exc:
+            raise SessionError(ErrorCode.INVALID_CONFIG, f"watches: {exc.message}") from None
         self.move_to(Phase.READY)
         return SessionReady(
             session_id=self.session_id,
@@ -242,7 +209,7 @@ class SessionCore:
         effective = self.config.model_dump(exclude={"type", "watches"})
         effective["watches"] = [effective_watch(w.spec) for w in self.watches]
         effective["model"] = self.capabilities.model
-        effective["frame_filter_threshold"] = self.filter.threshold
+        effective["frame_filter_threshold"] = self.camera.filter.threshold
         return effective
 
     def update(self, changes: dict[str, object]) -> ConfigUpdated:
@@ -258,56 +225,48 @@ class SessionCore:
         config, more = negotiate(merged.config, self.limits, self.capabilities, self.voice)
         if "watches" in merged.applied:  # a list of watches replaces the session's
             try:
-                self._replace_watches(config.watches)
+                self.watches = WatchBook.of(config.watches, self.limits.max_watches, self.limits.max_answer_tokens)
             except SessionError as exc:
                 refused.append(f"watches: {exc.message}")
                 config = config.model_copy(update={"watches": self.config.watches})
         old = self.config
         self.config = config
-        self.buffer.max_frames = config.max_frames
-        if (config.enable_frame_filter, config.frame_filter_threshold) != (old.enable_frame_filter, old.frame_filter_threshold):
-            threshold = config.frame_filter_threshold
-            self.filter = SimilarityFilter(DEFAULT_THRESHOLD if threshold is None else threshold, config.enable_frame_filter)
+        self.camera.reconfigure(old, config)
         if _vad(config.turn_detection) != _vad(old.turn_detection):  # not create/interrupt_response
             self.mic.detect_turns(self._detector(config))
         return ConfigUpdated(config=self._effective_config(), notes=merged.notes + more, refused=refused)
 
     # ------------------------------------------------------------------ frames
+    @property
+    def buffer(self) -> FrameBuffer:
+        """The buffered frames (the camera's)."""
+        return self.camera.buffer
+
+    @property
+    def origin(self) -> Frame | None:
+        """The session's first frame: the prompt's times count from it."""
+        return self.camera.origin
+
+    @property
+    def last_frame_id(self) -> str | int | None:
+        """The last frame taken: a resumed client resends after it."""
+        return self.camera.last_frame_id
+
     def check_frame_size(self, event: VideoFrame) -> None:
         """Raises ``frame_too_large`` before any work is spent on an oversized frame."""
-        if len(event.data) > self.limits.max_frame_bytes:
-            raise SessionError(
-                ErrorCode.FRAME_TOO_LARGE,
-                f"frame data is {len(event.data)} bytes; the limit is {self.limits.max_frame_bytes}",
-                frame_id=_fid(event.frame_id),
-            )
+        self.camera.check_size(event, self.limits.max_frame_bytes)
+
+    def image_side(self, event: VideoFrame) -> int | None:
+        """The largest side the frame's picture goes to the model at (``camera.image_side``)."""
+        return image_side(event, self.capabilities.max_image_side)
 
     def accept_frame(self, event: VideoFrame, data: bytes, key: str, thumb: object, now_ms: float) -> FrameIntake:
-        """Filter and buffer a frame whose bytes decoded; returns the ack and what was evicted."""
-        self.frames_received += 1
-        if event.frame_id is not None:
-            self.last_frame_id = event.frame_id
-        decision = self.filter.check(thumb)
-        previous = self.items.tail
-        if not decision.keep:
-            self.frames_filtered += 1
-            return FrameIntake(self._ack(event, now_ms, False, decision.similarity, [], previous), None, [])
-        frame = Frame(
-            seq=next(self._seq),
-            key=key,
-            data=data,
-            receive_ts_ms=now_ms,
-            frame_id=event.frame_id,
-            pts_ms=event.pts_ms,
-            source_pts_ms=event.source_pts_ms,
-            capture_ts_ms=event.capture_ts_ms,
-            quality_profile=event.quality_profile,
-        )
-        if self.origin is None:
-            self.origin = frame
-        self.items.appended(_fid(event.frame_id))
-        evicted = self.buffer.add(frame)
-        return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted, previous), frame, evicted)
+        """Filter and buffer a frame whose bytes decoded; returns the ack and what was
+        evicted. A buffered frame is the conversation's newest item."""
+        intake = self.camera.accept(event, data, key, thumb, now_ms, self.items.tail)
+        if intake.frame is not None:
+            self.items.appended(frame_item(event.frame_id))
+        return intake
 
     def take_frame(self, event: VideoFrame, prepared: PreparedFrame, receive_ms: float, now_ms: float) -> FrameIntake:
         """Filter and buffer a frame prepared off the loop (``preparation.prepare_frame``):
@@ -322,47 +281,9 @@ class SessionCore:
         warm_due = self.warm_prefix and (intake.frame is not None or bool(intake.evicted))
         return replace(intake, warm_due=warm_due)
 
-    def image_side(self, event: VideoFrame) -> int | None:
-        """The largest side the frame's picture goes to the model at: the model's (``detail``
-        ``high`` or ``auto``), or for ``low`` at most ``LOW_DETAIL_SIDE`` and half the model's."""
-        side = self.capabilities.max_image_side
-        if event.detail != "low":
-            return side
-        return LOW_DETAIL_SIDE if side is None else max(28, min(LOW_DETAIL_SIDE, side // 2))
-
     def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:
-        """A frame dropped at intake because the server cannot keep up: its ack says so
-        (``reason: "overloaded"``); nothing is buffered."""
-        self.frames_received += 1
-        self.frames_shed += 1
-        ack = self._ack(event, now_ms, False, 0.0, [], self.items.tail)
-        return None if ack is None else ack.model_copy(update={"reason": "overloaded", "similarity": None})
-
-    def _ack(
-        self, event: VideoFrame, now_ms: float, accepted: bool, similarity: float, evicted: list[Frame],
-        previous: str | None = None,
-    ) -> FrameAck | None:
-        if event.frame_id is None:
-            return None
-        dropped = [f.frame_id for f in evicted if f.frame_id is not None]
-        return FrameAck(
-            frame_id=event.frame_id,
-            pts_ms=event.pts_ms,
-            capture_ts_ms=event.capture_ts_ms,
-            accepted=accepted,
-            buffered_frames=len(self.buffer),
-            server_receive_ts_ms=now_ms,
-            reason=None if accepted else "filtered",
-            similarity=round(similarity, 4),
-            dropped_frame_id=dropped[0] if dropped else None,
-            dropped_frame_ids=dropped,
-            previous_item_id=previous,
-        )
-
-    def reject_frame(self, frame: Frame, reason: str) -> SessionError:
-        """A buffered frame failed to decode: remove it; returns the error to send."""
-        self.buffer.remove(frame)
-        return SessionError(ErrorCode.INVALID_IMAGE, f"image could not be decoded: {reason}", frame_id=_fid(frame.frame_id))
+        """A frame dropped at intake because the server cannot keep up: its ack says so."""
+        return self.camera.shed(event, now_ms, self.items.tail)
 
     # ------------------------------------------------------------------ audio
     @property
@@ -826,27 +747,7 @@ class SessionCore:
     def apply_watch(self, event: WatchCreate | WatchUpdate | WatchDelete) -> list[ServerEvent]:
         """``watch.create`` / ``.update`` / ``.delete``; returns the event to send. Raises
         ``invalid_watch``, ``unknown_watch`` and ``too_many_watches``."""
-        if isinstance(event, WatchCreate):
-            created = self.watches.create(WatchSpec.model_validate(event.model_dump(exclude={"type"})))
-            return [self._with_check_tokens(created)]
-        if isinstance(event, WatchUpdate):
-            return [self.watches.update(event.watch_id, event.changes)]
-        return [self.watches.delete(event.watch_id)]
-
-    def _replace_watches(self, specs: list[WatchSpec]) -> None:
-        """Raises ``invalid_watch`` / ``too_many_watches`` (the session's watches are then as before)."""
-        book = WatchBook(self.limits.max_watches, self.limits.max_answer_tokens)
-        if len(specs) > self.limits.max_watches:
-            raise SessionError(ErrorCode.TOO_MANY_WATCHES, f"a session may hold {self.limits.max_watches} watches")
-        for spec in specs:
-            book.create(spec)
-        self.watches = book
-
-    def _with_check_tokens(self, created: WatchCreated) -> WatchCreated:
-        """The tokens a check adds to the prefix, estimated at 4 characters a token (the core
-        has no tokenizer) plus the chat template's few."""
-        question = check_question(WatchSpec.model_validate(created.watch))
-        return created.model_copy(update={"tokens_per_check": len(question) // 4 + 8})
+        return [self.watches.apply(event)]
 
     def watch_frame_accepted(self) -> None:
         """An accepted frame: the watches have something new to look at."""

@@ -30,12 +30,16 @@ from pydantic import ValidationError
 from handlers.core.frames import Frame
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.protocol import (
+    ServerEvent,
     WatchCheck,
+    WatchCreate,
+    WatchDelete,
     WatchCleared,
     WatchCreated,
     WatchDeleted,
     WatchFired,
     WatchSpec,
+    WatchUpdate,
     WatchUpdated,
     describe_validation_error,
 )
@@ -56,6 +60,12 @@ WATCH_ANSWER_TOKENS = 48
 def check_question(spec: WatchSpec) -> str:
     """The question turn a check appends to the warm prefix."""
     return (spec.condition or NARRATE_CONDITION).strip() + CHECK_SUFFIX
+
+
+def check_tokens(spec: WatchSpec) -> int:
+    """The tokens a check adds to the prefix, estimated at 4 characters a token (the core has
+    no tokenizer) plus the chat template's few."""
+    return len(check_question(spec)) // 4 + 8
 
 
 def fire_question(spec: WatchSpec) -> str:
@@ -116,6 +126,17 @@ class WatchBook:
         self.checks = 0
         self.fires = 0
 
+    @classmethod
+    def of(cls, specs: list[WatchSpec], max_watches: int, max_answer_tokens: int = 4096) -> WatchBook:
+        """A book holding ``specs`` (a config's list). Raises ``too_many_watches`` and
+        ``invalid_watch`` (an id twice)."""
+        if len(specs) > max_watches:
+            raise SessionError(ErrorCode.TOO_MANY_WATCHES, f"a session may hold {max_watches} watches")
+        book = cls(max_watches, max_answer_tokens)
+        for spec in specs:
+            book.create(spec)
+        return book
+
     def __len__(self) -> int:
         return len(self._watches)
 
@@ -130,6 +151,17 @@ class WatchBook:
         return watch
 
     # ------------------------------------------------------------------ create, update, delete
+    def apply(self, event: WatchCreate | WatchUpdate | WatchDelete) -> ServerEvent:
+        """``watch.create`` / ``.update`` / ``.delete``; returns the event to send (a created
+        watch with the tokens each check adds to the prefix). Raises ``invalid_watch``,
+        ``unknown_watch`` and ``too_many_watches``."""
+        if isinstance(event, WatchCreate):
+            created = self.create(WatchSpec.model_validate(event.model_dump(exclude={"type"})))
+            return created.model_copy(update={"tokens_per_check": check_tokens(self.get(created.watch["watch_id"]).spec)})
+        if isinstance(event, WatchUpdate):
+            return self.update(event.watch_id, event.changes)
+        return self.delete(event.watch_id)
+
     def create(self, spec: WatchSpec) -> WatchCreated:
         """Add a watch (named ``w<N>`` when it has no id). Raises ``too_many_watches`` and
         ``invalid_watch`` (an id in use)."""
