@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from handlers.wire.errors import ErrorCode, SessionError
+
 QUIET_S = 1.0  # a second without a refusal ends an episode
 
 
@@ -107,3 +109,22 @@ class ControlBudget:
         the last ``check``."""
         buckets = (self._all, self._answers) if moves_answer else (self._all,)
         return max(b.wait_s() for b in buckets)
+
+    def refusal(self, verdict: Verdict) -> SessionError | None:
+        """What a refused message is answered with: ``rate_limited`` once per episode (naming
+        when to send again), ``too_many_messages`` (the session closes) for a client that kept
+        flooding, else nothing."""
+        if verdict is Verdict.TELL:
+            wait_ms = max(1, round(self.retry_after_s * 1000))
+            return SessionError(
+                ErrorCode.RATE_LIMITED,
+                f"too many control messages; this one was dropped. Send again in {wait_ms} ms "
+                "(messages sent before then are dropped without a reply)",
+                retry_after_ms=wait_ms,
+            )
+        if verdict is Verdict.CLOSE:
+            return SessionError(
+                ErrorCode.TOO_MANY_MESSAGES,
+                f"control messages over the limit for {self.limits.close_after_s:g} s; closing",
+            )
+        return None

@@ -467,6 +467,18 @@ class SessionCore:
             instructions=request.instructions if request is not None else None,
         )
 
+    def refuse_cancel(self, asked: bool) -> SessionError | None:
+        """A cancel of the running answer (``response.cancel`` on ``/v1/realtime``): the error
+        it gets when nothing is running and none is ``asked`` (read, not yet planned), else None."""
+        if self.running is None and not asked:
+            return SessionError(ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "there is no response in progress to cancel")
+        return None
+
+    @staticmethod
+    def configured_again() -> SessionError:
+        """What a second ``session.config`` gets (the session goes on as it was)."""
+        return SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured")
+
     def check_request(self, request: AnswerRequest, answering: bool) -> None:
         """Raises ``conversation_already_has_active_response`` for an exclusive request while
         an answer is asked or running (OpenAI Realtime runs one response at a time)."""

@@ -389,13 +389,12 @@ class Session:
                     elif isinstance(event, ResponseCancel):
                         self._stop_answer("cancel")
                     elif isinstance(event, CancelRequest):
-                        if self.turn is None and not self.answers_asked:
-                            await self.report(SessionError(
-                                ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "there is no response in progress to cancel"
-                            ), origin_of(event))
+                        refused = self.core.refuse_cancel(asked=self.answers_asked > 0)
+                        if refused is not None:
+                            await self.report(refused, origin_of(event))
                         self._stop_answer("cancel")
                     elif isinstance(event, SessionConfig):
-                        await self.report(SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured"))
+                        await self.report(self.core.configured_again())
                     elif isinstance(event, VideoFrame):
                         await self._read_frame(frames, event)
                     else:
@@ -424,21 +423,14 @@ class Session:
         return False
 
     async def _refuse(self, verdict: Verdict, origin: Origin | None = None) -> None:
-        """Tell the client once, or close it when it has flooded too long."""
-        if verdict is Verdict.TELL:
-            wait_ms = max(1, round(self.control.retry_after_s * 1000))
-            await self.report(SessionError(
-                ErrorCode.RATE_LIMITED,
-                f"too many control messages; this one was dropped. Send again in {wait_ms} ms "
-                "(messages sent before then are dropped without a reply)",
-                retry_after_ms=wait_ms,
-            ), origin)
-        elif verdict is Verdict.CLOSE:
-            await self._fail(SessionError(
-                ErrorCode.TOO_MANY_MESSAGES,
-                f"control messages over the limit for {self.control.limits.close_after_s:g} s; closing",
-            ))
+        """Tell the client once, or close it when it has flooded too long (``ControlBudget.refusal``)."""
+        refusal = self.control.refusal(verdict)
+        if refusal is None:
+            return
+        if verdict is Verdict.CLOSE:
+            await self._fail(refusal)
             raise Disconnected(1008)
+        await self.report(refusal, origin)
 
     def _stop_answer(self, cause: str) -> None:
         """Stop the running answer without waiting for it (the reader must keep reading);
