@@ -24,8 +24,9 @@ LOW_DETAIL_SIDE = 512
 
 @dataclass(frozen=True, slots=True)
 class FrameIntake:
-    """What happened to one incoming frame, and what the adapter does next: send ``ack``
-    (when the frame has an id), and, when ``warm_due``, have the prefix warmed."""
+    """What happened to one incoming frame: the ``ack`` to send (when the frame has an id),
+    the frame buffered (None: filtered), the frames evicted, and whether the warm prefix is
+    behind now (``warm_due``: the core has told its turns)."""
 
     ack: FrameAck | None
     frame: Frame | None  # the buffered frame, None when filtered

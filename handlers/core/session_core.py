@@ -270,15 +270,20 @@ class SessionCore:
 
     def take_frame(self, event: VideoFrame, prepared: PreparedFrame, receive_ms: float, now_ms: float) -> FrameIntake:
         """Filter and buffer a frame prepared off the loop (``preparation.prepare_frame``):
-        the buffered frame gets its picture and intake times here. ``receive_ms``: when the
-        frame was read; ``now_ms``: now (both wall clock, ms)."""
+        the buffered frame gets its picture and intake times here, the warm prefix is behind
+        (``turns.prefix_behind``) and the watches have a new frame to check. ``receive_ms``:
+        when the frame was read; ``now_ms``: now (both wall clock, ms)."""
         key = prepared.key if event.detail != "low" else f"{prepared.key}:low"  # another picture of it
         intake = self.accept_frame(event, prepared.raw, key, prepared.thumb, receive_ms)
         if intake.frame is not None:
             intake.frame.image = prepared.image
             intake.frame.decode_ms = prepared.decode_ms
             intake.frame.decoded_ts_ms = now_ms
+        if intake.frame is not None:
+            self.watch_frame_accepted()
         warm_due = self.warm_prefix and (intake.frame is not None or bool(intake.evicted))
+        if warm_due:
+            self.turns.prefix_behind()
         return replace(intake, warm_due=warm_due)
 
     def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:

@@ -511,14 +511,11 @@ class Session:
         except blocking.Overloaded:
             await self._shed(event)
             return
-        intake = self.core.take_frame(event, prepared, receive_ms, now_ms())
+        intake = self.core.take_frame(event, prepared, receive_ms, now_ms())  # the prefix behind, a check due
         if intake.frame is not None:
-            self.core.watch_frame_accepted()
-            self._wake()  # a check may be due
+            self._wake()  # the warm loop looks again
         self.observer.frames("accepted" if intake.frame is not None else "filtered")
         self.observer.frames("evicted", len(intake.evicted))
-        if intake.warm_due:
-            self.turns.prefix_behind()
         if intake.ack is not None:
             await self.send(intake.ack)
 
