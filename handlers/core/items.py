@@ -70,15 +70,17 @@ def _short(item_id: str) -> str:
 
 
 class RunningAnswer(Protocol):
-    """What the items need of the answer under way (``session_core.QueryPlan``)."""
+    """What the items need of the answer under way (``answer.Answer``)."""
 
     item_id: str
     in_conversation: bool
     modalities: list[str]
-    text: list[str]
     audio_pieces: list[tuple[float, str]]
     heard_ms: int | None
     deleted: bool
+
+    @property
+    def text(self) -> str: ...  # what it has said so far
 
 
 class ItemHolder(Protocol):
@@ -257,7 +259,7 @@ class Conversation:
             audio_ms = core.audio_ms(pending.pcm16) if pending.pcm16 else None
             return ItemRetrieved(item_id=item_id, role="user", kind="input", text=pending.text, audio_ms=audio_ms)
         if (plan := self._running(item_id)) is not None:
-            return ItemRetrieved(item_id=item_id, role="assistant", kind="message", text="".join(plan.text),
+            return ItemRetrieved(item_id=item_id, role="assistant", kind="message", text=plan.text,
                                  audio_ms=plan.audio_pieces[-1][0] if plan.audio_pieces else None)
         found = core.timeline.find(item_id)
         if found is None:
