@@ -52,6 +52,9 @@ class SessionCache:
                     return matched, index
                 matched += n
                 continue
+            if held == list(piece.ids):  # the usual case, compared in one go
+                matched += n
+                continue
             k = 0
             while k < len(held) and held[k] == piece.ids[k]:
                 k += 1

@@ -90,7 +90,9 @@ def escape_special(text: str, specials: list[str]) -> str:
     return text
 
 
-def render_chat(template_owner: Any, prompt: Prompt, specials: list[str] | None = None) -> tuple[str, list[ImageSegment]]:
+def render_chat(
+    template_owner: Any, prompt: Prompt, specials: list[str] | None = None, templates: _Lru[str] | None = None
+) -> tuple[str, list[ImageSegment]]:
     """Render ``prompt`` with ``template_owner.apply_chat_template`` (a processor or tokenizer).
 
     Returns the text, with the model's own image placeholders, and the prompt's images in
@@ -98,43 +100,60 @@ def render_chat(template_owner: Any, prompt: Prompt, specials: list[str] | None 
     tokenizer's special tokens). An open turn is cut right after its last segment, with no
     end of turn and no generation prompt, so its text is a prefix of any prompt that
     continues it. Audio segments are left out (no engine here takes audio input yet).
+    ``templates``: see ``render_runs``.
     """
     if specials is None:
         specials = special_tokens(getattr(template_owner, "tokenizer", template_owner))
-    runs, images = render_runs(template_owner, prompt)
+    runs, images = render_runs(template_owner, prompt, templates)
     text = "".join(escape_special(r.text, specials) if isinstance(r, UserText) else r for r in runs)
     return text, images
 
 
-def render_runs(template_owner: Any, prompt: Prompt) -> tuple[list[str | UserText], list[ImageSegment]]:
+def render_runs(
+    template_owner: Any, prompt: Prompt, templates: _Lru[str] | None = None
+) -> tuple[list[str | UserText], list[ImageSegment]]:
     """Render ``prompt`` as runs of template markup (``str``, with the image placeholders)
-    and ``UserText``, and the prompt's images in order. See ``render_chat``."""
-    messages, images, texts = [], [], []
-    for index, turn in enumerate(prompt.turns):
-        parts: list[dict[str, str]] = []
-        for seg in turn.segments:
-            if isinstance(seg, TextSegment):
-                parts.append({"type": "text", "text": f"\u0000livesight-text-{len(texts)}\u0000"})
-                texts.append(seg.text)
-            elif isinstance(seg, ImageSegment):
-                parts.append({"type": "image"})
-                images.append(seg)
-            elif isinstance(seg, AudioSegment):
-                continue
-        if prompt.open_turn and index == len(prompt.turns) - 1:
-            parts.append({"type": "text", "text": _CUT})
-        messages.append({"role": turn.role, "content": parts})
-    text = template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=not prompt.open_turn)
-    if prompt.open_turn:
-        text = text[: text.index(_CUT)]
+    and ``UserText``, and the prompt's images in order. See ``render_chat``.
+
+    The template sees only the prompt's shape (roles, and where texts and images go: texts
+    reach it as numbered placeholders), so ``templates`` may keep its output by shape: a
+    session's next prompts mostly have the shape of an earlier one."""
+    shape = (prompt.open_turn, tuple((t.role, tuple(type(seg) for seg in t.segments)) for t in prompt.turns))
+    rendered = templates.get(shape) if templates is not None else None
+    texts = [seg.text for turn in prompt.turns for seg in turn.segments if isinstance(seg, TextSegment)]
+    images = [seg for turn in prompt.turns for seg in turn.segments if isinstance(seg, ImageSegment)]
+    if rendered is None:
+        rendered = _render_template(template_owner, prompt)
+        if templates is not None:
+            templates.put(shape, rendered)
     runs: list[str | UserText] = []
-    for i, part in enumerate(_TEXT.split(text)):
+    for i, part in enumerate(_TEXT.split(rendered)):
         if i % 2:
             if texts[int(part)]:
                 runs.append(UserText(texts[int(part)]))
         elif part:
             runs.append(part)
     return runs, images
+
+
+def _render_template(template_owner: Any, prompt: Prompt) -> str:
+    """The chat template's output for ``prompt``, each text a numbered placeholder."""
+    messages, count = [], 0
+    for index, turn in enumerate(prompt.turns):
+        parts: list[dict[str, str]] = []
+        for seg in turn.segments:
+            if isinstance(seg, TextSegment):
+                parts.append({"type": "text", "text": f"\u0000livesight-text-{count}\u0000"})
+                count += 1
+            elif isinstance(seg, ImageSegment):
+                parts.append({"type": "image"})
+            elif isinstance(seg, AudioSegment):
+                continue
+        if prompt.open_turn and index == len(prompt.turns) - 1:
+            parts.append({"type": "text", "text": _CUT})
+        messages.append({"role": turn.role, "content": parts})
+    text = template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=not prompt.open_turn)
+    return text[: text.index(_CUT)] if prompt.open_turn else text
 
 
 class PromptEncoder:
@@ -151,11 +170,12 @@ class PromptEncoder:
         self._layouts: _Lru[Piece] = _Lru(16 * max_cached_images)
         self._pixels: _Lru[dict[str, torch.Tensor]] = _Lru(max_cached_images)
         self._texts: _Lru[Piece] = _Lru(64 * max_cached_images)
+        self._templates: _Lru[str] = _Lru(max_cached_images)
 
     # ------------------------------------------------------------------ rendering
     def render(self, prompt: Prompt) -> list[str | ImageSegment]:
         """Return the prompt as text runs and images, in order."""
-        text, images = render_chat(self.processor, prompt, self.specials)
+        text, images = render_chat(self.processor, prompt, self.specials, self._templates)
         chunks = text.split(self.family.placeholder)
         if len(chunks) != len(images) + 1:
             raise ValueError("the chat template did not render one placeholder per image")

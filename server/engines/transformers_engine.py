@@ -9,10 +9,12 @@ prefilled, never behind the whole window. Each session keeps a KV cache that is 
 its prompt grows and cut back to the longest still-valid prefix when it changes (see
 ``kv_cache``).
 
-A check (``check``: yes or no, from the next token's distribution) is one model step per
-prompt: the prompt's tokens beyond what the session's cache shares with it are run after the
-cache, as scratch, and cut off again in the same step, so nothing of it is kept and no other
-job ever sees it. Where the cache holds more than the shared prefix (an answer's tokens), the
+A check (``check``: yes or no, from the next token's distribution) runs the prompts of one
+call together, in one model step (more only past ``prefill_chunk_tokens`` new tokens): each
+prompt's tokens beyond what the session's cache shares with it (its question, on a warm
+prefix) are run after the cache, as scratch, side by side, each masked from the others, and
+cut off again in the same step, so nothing of it is kept and no other job ever sees it. Where
+the cache holds more than a prompt's shared prefix (an answer's tokens), that prompt's
 scratch tokens are masked from that part instead of the cache being cut back to it.
 """
 
@@ -145,19 +147,21 @@ class TransformersEngine(Engine):
     async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
         """How likely each prompt's answer starts with yes; see ``Engine.check``.
 
-        The prompts go one after another, each one model step over the session's cache (new
-        images are preprocessed first, one per job, as for ``prefill``), so cancelling stops
-        between steps and the cache is as it was either way. ``cached_tokens``: the prompt's
-        tokens the session's cache already held. Raises ``EngineError``.
+        New images are preprocessed first, one per job, as for ``prefill``; then the prompts
+        are encoded in one job and run together over the session's cache, one model step per
+        ``prefill_chunk_tokens`` of new tokens (a warm session's watches: one step), so
+        cancelling stops between steps and the cache is as it was either way.
+        ``cached_tokens``: the prompt's tokens the session's cache already held. Raises
+        ``EngineError``.
         """
-        results = []
+        if any(prompt.open_turn for prompt in prompts):
+            raise EngineError("a check needs a closed question turn")
+        results: list[CheckResult] = []
         with self.budget.hold(session_id):  # another session's step must not evict this cache
             for prompt in prompts:
-                if prompt.open_turn:
-                    raise EngineError("a check needs a closed question turn")
                 await self._preprocess_new_images(prompt)
-                pieces = await self._run(self._encode, prompt)
-                results.append(await self._run(self._check_step, session_id, pieces))
+            for step in await self._run(self._check_steps, session_id, prompts):
+                results += await self._run(self._check_step, session_id, step)
         return results
 
     async def generate(
@@ -255,10 +259,12 @@ class TransformersEngine(Engine):
         return out.logits[0, -1].float().cpu()
 
     def _model_step(
-        self, kv: Any, pieces: list[Piece], positions: torch.Tensor, mask: torch.Tensor | None = None
+        self, kv: Any, pieces: list[Piece], positions: torch.Tensor, mask: torch.Tensor | None = None,
+        keep: torch.Tensor | int = 1,
     ) -> Any:
         """The model's forward over ``pieces`` after the tokens in ``kv`` (which it extends),
-        keeping the last position's logits; ``mask``: which of all the tokens to attend to."""
+        keeping the logits of the last position (``keep``: of these positions among
+        ``pieces``' tokens); ``mask``: which tokens each new one attends to (additive, 4D)."""
         if self.encoder.family.mrope:
             self.model.model.rope_deltas = None
         return self.model(
@@ -267,50 +273,84 @@ class TransformersEngine(Engine):
             attention_mask=mask,
             past_key_values=kv,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
             **{k: v.to(self.model.device) for k, v in _image_inputs(self.encoder, pieces).items()},
         )
 
-    @torch.inference_mode()
-    def _check_step(self, session_id: str, pieces: list[Piece]) -> CheckResult:
-        """One check: the logits after ``pieces``, computed on the session's cache and cut off
-        again before returning (a step that fails leaves the cache as it was, or empty).
+    def _check_steps(self, session_id: str, prompts: list[Prompt]) -> list[list[list[Piece]]]:
+        """The prompts of a check, encoded and grouped into model steps of at most
+        ``prefill_chunk_tokens`` new tokens (what each does not share with the session's cache;
+        a step holds one prompt at least), in order."""
+        cache = self.budget.get(session_id)
+        steps: list[list[list[Piece]]] = []
+        size = self.prefill_chunk_tokens
+        for pieces in map(self._encode, prompts):
+            new = sum(len(p.ids) for p in pieces) - (cache.common_prefix(pieces)[0] if cache.kv is not None else 0)
+            if steps and size + new <= self.prefill_chunk_tokens:
+                steps[-1].append(pieces)
+                size += new
+            else:
+                steps.append([pieces])
+                size = new
+        return steps
 
-        The tokens the cache shares with ``pieces`` are reused; the rest run after the cache's
-        last token, at the positions they have in ``pieces``, with the cache's tokens past the
-        shared prefix masked out. A cache that shares nothing is not touched: the prompt runs
-        on a cache of its own.
+    @torch.inference_mode()
+    def _check_step(self, session_id: str, prompts: list[list[Piece]]) -> list[CheckResult]:
+        """One model step for the checks of ``prompts``: the logits after each, computed on the
+        session's cache and cut off again before returning (a step that fails leaves the cache
+        as it was, or empty).
+
+        The tokens the cache shares with a prompt are reused; the rest run after the cache's
+        last token, at the positions they have in the prompt, the prompts one after another in
+        the step, each attending only to its shared prefix and to itself. Where the cache
+        shares nothing with any prompt (a session without a warm prefix), the cache is not
+        touched: the prompts run on a cache of their own.
         """
         cache = self.budget.get(session_id)
-        total = sum(len(p.ids) for p in pieces)
-        if not total:
-            raise EngineError("empty prompt")
-        shared, _ = cache.common_prefix(pieces)
-        if shared >= total:  # the last prompt token must run again to give the answer's logits
-            last = pieces[-1]
-            shared = total - (len(last.ids) if last.image_key else 1)
-        held = cache.length
-        todo = _remaining(pieces, shared)
-        ids = [i for p in todo for i in p.ids]
-        positions, _ = self.encoder.position_ids(todo, cache.next_positions[shared - 1] if shared else 0)
-        kv, mask = new_cache(self.model.config), None
-        if shared and cache.kv is not None:
-            kv = cache.kv
-            if shared < held:
-                mask = torch.ones((1, held + len(ids)), dtype=torch.long, device=self.model.device)
-                mask[0, shared:held] = 0
+        plans = [self._check_plan(cache, pieces) for pieces in prompts]
+        on_session = cache.kv is not None and any(shared for shared, _, _ in plans)
+        if not on_session:
+            plans = [self._check_plan(None, pieces) for pieces in prompts]
+        held = cache.length if on_session else 0
+        kv = cache.kv if on_session else new_cache(self.model.config)
+        todo = [p for _, rest, _ in plans for p in rest]
+        positions = torch.cat([pos for _, _, pos in plans], dim=-1)
+        lengths = [sum(len(p.ids) for p in rest) for _, rest, _ in plans]
+        ends = torch.tensor(lengths).cumsum(0) - 1
+        mask = None
+        if len(plans) > 1 or plans[0][0] < held:
+            mask = _scratch_mask([shared for shared, _, _ in plans], lengths, held, self.model.dtype)
         try:
-            out = self._model_step(kv, todo, positions, mask)
+            out = self._model_step(kv, todo, positions, mask.to(self.model.device) if mask is not None else None,
+                                   keep=ends.to(self.model.device))
         finally:
-            if kv is cache.kv:
+            if on_session:
                 try:
                     crop_to(kv, held)
                 except RuntimeError:  # a layer that cannot go back: the cache is lost, not wrong
                     cache.clear()
                     raise
-        probs = torch.softmax(out.logits[0, -1].float(), dim=-1).cpu()
-        cached = shared if kv is cache.kv else 0
-        return CheckResult(_answer_probability(probs, self._yes_ids, self._no_ids), total, cached)
+        probs = torch.softmax(out.logits[0].float(), dim=-1).cpu()
+        return [
+            CheckResult(_answer_probability(row, self._yes_ids, self._no_ids), sum(len(p.ids) for p in pieces),
+                        shared if on_session else 0)
+            for row, pieces, (shared, _, _) in zip(probs, prompts, plans, strict=True)
+        ]
+
+    def _check_plan(self, cache: SessionCache | None, pieces: list[Piece]) -> tuple[int, list[Piece], torch.Tensor]:
+        """A check prompt on ``cache`` (None: on an empty one): the tokens it shares with the
+        cache, the pieces left to run and their positions. Raises ``EngineError`` for an empty
+        prompt."""
+        total = sum(len(p.ids) for p in pieces)
+        if not total:
+            raise EngineError("empty prompt")
+        shared = cache.common_prefix(pieces)[0] if cache is not None and cache.kv is not None else 0
+        if shared >= total:  # the last prompt token must run again to give the answer's logits
+            last = pieces[-1]
+            shared = total - (len(last.ids) if last.image_key else 1)
+        todo = _remaining(pieces, shared)
+        positions, _ = self.encoder.position_ids(todo, cache.next_positions[shared - 1] if shared else 0)
+        return shared, todo, positions
 
 
 # ---------------------------------------------------------------------- helpers
@@ -322,6 +362,22 @@ def _answer_probability(probs: torch.Tensor, yes_ids: torch.Tensor, no_ids: torc
     yes = float(probs[yes_ids[yes_ids < vocab]].sum())
     no = float(probs[no_ids[no_ids < vocab]].sum())
     return yes_probability(yes, no)
+
+
+def _scratch_mask(shared: list[int], lengths: list[int], held: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask (1, 1, new tokens, ``held`` + new tokens) of a check step:
+    runs of ``lengths`` new tokens after a cache of ``held`` tokens, each run attending to the
+    first ``shared`` tokens of the cache (its own count) and causally to itself, to nothing
+    else."""
+    total = sum(lengths)
+    mask = torch.full((total, held + total), torch.finfo(dtype).min, dtype=dtype)
+    start = 0
+    for prefix, n in zip(shared, lengths, strict=True):
+        rows = slice(start, start + n)
+        mask[rows, :prefix] = 0
+        mask[rows, held + start : held + start + n] = torch.triu(torch.full((n, n), torch.finfo(dtype).min), 1)
+        start += n
+    return mask[None, None]
 
 
 def _images(prompt: Prompt) -> list[ImageSegment]:

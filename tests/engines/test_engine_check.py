@@ -140,30 +140,62 @@ async def test_the_cache_is_as_without_the_check(rig: Rig) -> None:
 
 
 async def test_prompts_in_one_call_equal_one_at_a_time(rig: Rig) -> None:
-    """Two watches of one session checked in one call give what each gives alone."""
+    """Two watches of one session checked in one call (one model step, side by side) give what each
+    gives alone, to float rounding (1e-4, as against a full recompute), with the same token counts."""
     await warm(rig, "together", 2)
     await warm(rig, "alone", 2)
     prompts = [prompt_for(FRAMES[:2], RED), prompt_for(FRAMES[:2], DOOR)]
     together = await rig.check("together", *prompts)
     alone = [(await rig.check("alone", prompt))[0] for prompt in prompts]
     assert len(together) == 2
-    for both, one in zip(together, alone):
-        assert both.probability == pytest.approx(one.probability, abs=1e-6)
+    for both, one, prompt in zip(together, alone, prompts):
+        assert both.probability == pytest.approx(one.probability, abs=TOLERANCE)
+        assert both.probability == pytest.approx(rig.probability(prompt), abs=TOLERANCE)
         assert (both.prompt_tokens, both.cached_tokens) == (one.prompt_tokens, one.cached_tokens)
+    assert abs(together[0].probability - together[1].probability) > 1e-3  # each read its own question
+
+
+async def test_a_sessions_watches_are_one_model_step(rig: Rig) -> None:
+    """On a warm session, three watches in one call run as one model step, also where the cache holds
+    an answer past the shared prefix; each gives what a full recompute gives."""
+    engine = await _engine(rig)
+    steps: list[int] = []
+    check_step = engine._check_step
+
+    def counting(session_id: str, prompts: list[list[Piece]]) -> Any:
+        steps.append(len(prompts))
+        return check_step(session_id, prompts)
+
+    engine._check_step = counting  # type: ignore[method-assign]
+    try:
+        for n in (1, 2):
+            await engine.prefill("batched", prompt_for(FRAMES[:n]))
+        prompts = [prompt_for(FRAMES[:2], q) for q in (RED, DOOR, "Is it dark? Answer yes or no.")]
+        first = await engine.check("batched", "watches", prompts)
+        await ask(engine, "batched", prompt_for(FRAMES[:2], "What is there?"))
+        second = await engine.check("batched", "watches", prompts)
+        assert steps == [3, 3]
+        for prompt, a, b in zip(prompts, first, second):
+            expected = rig.probability(prompt)
+            assert a.probability == pytest.approx(expected, abs=TOLERANCE)
+            assert b.probability == pytest.approx(expected, abs=TOLERANCE)
+            assert 0 < a.cached_tokens <= b.cached_tokens < b.prompt_tokens
+    finally:
+        await engine.close()
 
 
 async def test_cancelled_check_leaves_the_cache_intact(rig: Rig) -> None:
-    """A check of three prompts cancelled after its first model step stops there, and the session
-    answers as if no check had run."""
-    engine = await _engine(rig)
+    """A check of three prompts in three model steps (a step of one token at most, so one prompt a
+    step) cancelled after its first step stops there, and the session answers as if no check had run."""
+    engine = await _engine(rig, prefill_chunk_tokens=1)
     steps: list[int] = []
     first_step = anyio.Event()
     check_step = engine._check_step
     loop = anyio.lowlevel.current_token()
 
-    def counting(session_id: str, pieces: list[Piece]) -> Any:
-        steps.append(len(pieces))
-        result = check_step(session_id, pieces)
+    def counting(session_id: str, prompts: list[list[Piece]]) -> Any:
+        steps.append(len(prompts))
+        result = check_step(session_id, prompts)
         anyio.from_thread.run_sync(first_step.set, token=loop)  # from the model thread
         return result
 
@@ -177,7 +209,7 @@ async def test_cancelled_check_leaves_the_cache_intact(rig: Rig) -> None:
             group.start_soon(engine.check, "cut", "cancelled", prompts)
             await first_step.wait()
             group.cancel_scope.cancel()
-        assert len(steps) == 1
+        assert steps == [1]
         query = prompt_for(FRAMES[:2], "What is there?")
         cut, uncut = await ask(engine, "cut", query), await ask(engine, "uncut", query)
         assert cut.tokens == uncut.tokens and cut.usage == uncut.usage
@@ -217,9 +249,9 @@ async def test_a_check_costs_its_question_not_a_frame(rig: Rig) -> None:
         await engine.close()
 
 
-async def _engine(rig: Rig) -> TransformersEngine:
+async def _engine(rig: Rig, **options: Any) -> TransformersEngine:
     """An engine of the test's own on the rig's model (one whose steps a test may wrap)."""
-    engine = TransformersEngine(str(rig.path))
+    engine = TransformersEngine(str(rig.path), **options)
     await engine.start()
     return engine
 
