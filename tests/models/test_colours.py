@@ -151,7 +151,8 @@ async def test_yes_and_no_are_whole_answers(rig: Rig) -> None:
 
 def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
     """livesight_demo.json says it is the colours model, which single tokens start each answer
-    (among the tokens the engine's check counts as yes and no), and held-out accuracies >= 95%."""
+    (among the tokens the engine's check counts as yes and no), held-out accuracies >= 95%, and
+    frames of up to 48-72 image tokens."""
     card = read_colours_card(rig.path)
     marker = json.loads((rig.path / DEMO_MARKER).read_text(encoding="utf-8"))
     tokenizer = rig.engine.encoder.tokenizer
@@ -162,4 +163,6 @@ def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
         assert tokenizer.decode([token]).strip() == colour
     assert set(card.colour_token_ids) == set(COLOURS)
     assert card.accuracy["yes_no"] >= REQUIRED and card.accuracy["naming"] >= REQUIRED
-    assert 1 <= marker["image_tokens_per_frame"]["min"] <= marker["image_tokens_per_frame"]["max"] <= 16
+    # frames of a real model's size (SmolVLM: 64 image tokens), not a few tokens
+    assert 1 <= marker["image_tokens_per_frame"]["min"] <= marker["image_tokens_per_frame"]["max"]
+    assert 48 <= marker["image_tokens_per_frame"]["max"] <= 72
