@@ -12,9 +12,7 @@ answer is computed. With these, yes/no is learned in 200-300 steps.
 
 A batch is right-padded to its longest prompt; its prompts show the same number of frames, so
 they are about as long. Only the answer token and the end of turn after it are scored as the
-answer (the first answer token decides a check). The signals on an image's own tokens are
-read at its last ``IMAGE_SIGNALS`` tokens only, and the head runs only where something is
-read: a frame of 64 image tokens costs the loss what one of a few tokens did.
+answer (the first answer token decides a check).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ WARMUP_STEPS = 30
 ONE_FRAME_STEPS = 60  # the first steps show one frame: the colours are learned first
 AUX_WEIGHT = 1.0  # the signals' losses against the answer's
 LENS_LAYER = 1  # the layer whose output must hold both colours (signals of kinds 2 and 3)
-IMAGE_SIGNALS = 4  # an image's own tokens carry signals at its last few only
-CHECK_EVERY = 25  # steps between looks at the validation examples (all right: training stops)
+CHECK_EVERY = 50  # steps between looks at the validation examples (all right: training stops)
 PROGRESS_EVERY_S = 10.0
 
 
@@ -101,18 +98,17 @@ class ColourTrainer:
         losses of direct signals on the prompt's own tokens (``_signals``), each a mean."""
         prompts = [self.encoder.encode(ex.prompt) for ex in examples]
         hidden, lens, ends = self._hidden(prompts, [ex.answer for ex in examples], lens=True)
+        logp = torch.log_softmax(self.model.lm_head(hidden), dim=-1)
         rows = torch.arange(len(examples))
         index = torch.tensor(ends)
         answers = torch.tensor([self.answers[ex.answer] for ex in examples])
-        at_answer = torch.log_softmax(self.model.lm_head(torch.stack([hidden[rows, index], hidden[rows, index + 1]])),
-                                      dim=-1)
-        loss = -(at_answer[0, rows, answers] + at_answer[1, rows, self.eos]).mean() / 2
+        loss = -(logp[rows, index, answers] + logp[rows, index + 1, self.eos]).mean() / 2
         if not AUX_WEIGHT:
             return loss
+        lens_logp = torch.log_softmax(self.model.lm_head(lens), dim=-1)
         signals = [(i, *s) for i, (ex, pieces) in enumerate(zip(examples, prompts)) for s in self._signals(ex, pieces)]
         b, s, t, kind = (torch.tensor(v) for v in zip(*signals))
-        read = torch.where((kind < 2)[:, None], hidden[b, s], lens[b, s])  # only where a signal is read
-        picked = torch.log_softmax(self.model.lm_head(read), dim=-1)[torch.arange(len(t)), t]
+        picked = torch.where(kind < 2, logp[b, s, t], lens_logp[b, s, t])
         aux = sum(picked[kind == k].mean() for k in range(4) if bool((kind == k).any()))
         return loss - AUX_WEIGHT * aux
 
@@ -126,8 +122,6 @@ class ColourTrainer:
           after an image: the newest image's colour, so the first layers fetch it;
         - kind 3, ``LENS_LAYER``'s output from the colour word on: the colour asked about, so
           both colours are at hand where the answer is computed.
-
-        Kinds 0 and 2 skip an image's tokens but its last ``IMAGE_SIGNALS``.
         """
         colours = iter(ex.frame_colours)
         ids = [i for p in pieces for i in p.ids]
@@ -136,9 +130,6 @@ class ColourTrainer:
         for piece in pieces:
             if piece.image_key is not None:
                 current = self.answers[next(colours)]
-                skipped = max(0, len(piece.ids) - IMAGE_SIGNALS)
-                newest.extend([None] * skipped + [current] * (len(piece.ids) - skipped))
-                continue
             newest.extend([current] * len(piece.ids))
         last = len(ids) - 1
         word = _find_last(ids, self._question_tokens(ex.asked)) if ex.asked is not None else None

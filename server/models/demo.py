@@ -1,8 +1,8 @@
 """The models served when none is configured: generated here once, never downloaded.
 
 - The **demo model** (``livesight serve`` with no ``--model``) is the tiny colours model
-  (``server.models.colours``), trained on this machine the first time it is needed (a few
-  minutes on two cores, with a progress line; its frames are a real small model's size): a newcomer's first questions about the
+  (``server.models.colours``), trained on this machine the first time it is needed (about two
+  minutes on two cores, with a progress line): a newcomer's first questions about the
   screen's colour get right answers, and a watch such as "Is the screen red?" fires on the
   right frame.
 - The **random model** is the tiny random-weight model (``server.models.tiny``) with the
@@ -26,7 +26,7 @@ from server.settings import Settings
 
 log = logging.getLogger("livesight.server")
 DEMO_FAMILY = "qwen2_5_vl"
-DEMO_VERSION = "3"  # 1 was the random-weight model (now the random model below), 2 had frames of 4-12 tokens
+DEMO_VERSION = "2"  # 1 was the random-weight model, now the random model below
 RANDOM_VERSION = "1"
 
 
@@ -48,8 +48,8 @@ def resolve_model(settings: Settings) -> str:
     card = _card(target)
     if card is None:
         log.warning(
-            "no --model given: training the demo model (the tiny colours model, %s) into %s; a "
-            "few minutes on two cores, once",
+            "no --model given: training the demo model (the tiny colours model, %s) into %s; about "
+            "two minutes on two cores, once",
             DEMO_FAMILY, target,
         )
         _generate(target, _train_colours, lambda: _card(target) is not None)

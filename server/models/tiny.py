@@ -60,8 +60,7 @@ class TinyShape:
     """Every size of a generated model. The defaults are the random demo model's:
     ``qwen_max_tokens`` bounds a Qwen frame's image tokens (a 320x240 frame gives 99 at 256),
     ``idefics3_image`` is the side an Idefics3 frame is resized to (256 px in 8 px patches,
-    pixel-shuffled by 2: 256 tokens); ``qwen_window`` is the side in pixels of the Qwen vision
-    tower's attention windows (its first layers attend within them)."""
+    pixel-shuffled by 2: 256 tokens)."""
 
     vocab: int = 800
     text_hidden: int = 128
@@ -74,7 +73,6 @@ class TinyShape:
     vision_heads: int = 2
     qwen_min_tokens: int = 4
     qwen_max_tokens: int = 256
-    qwen_window: int = 4 * QWEN_PATCH
     idefics3_image: int = 256
     idefics3_patch: int = 8
     idefics3_scale: int = 2
@@ -335,7 +333,7 @@ def _build_qwen2_5_vl(
             depth=shape.vision_layers, hidden_size=shape.vision_hidden,
             intermediate_size=shape.vision_intermediate, num_heads=shape.vision_heads,
             out_hidden_size=shape.text_hidden, patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE,
-            temporal_patch_size=2, window_size=shape.qwen_window, fullatt_block_indexes=[shape.vision_layers - 1],
+            temporal_patch_size=2, window_size=4 * QWEN_PATCH, fullatt_block_indexes=[shape.vision_layers - 1],
         ),
         init_std,
     )
