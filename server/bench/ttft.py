@@ -97,7 +97,7 @@ async def _run_all(server: RunningServer, counts: list[int], queries: int) -> li
 
 def run_ttft(model: str | None, counts: list[int], queries: int) -> str:
     """Start a server, measure every frame count in both modes; returns the table."""
-    settings = Settings(model=bench_model(model), port=0, max_queue=max(counts) + 16)
+    settings = Settings(model=bench_model(model), port=0, max_queue=max(counts) + 16, idle_timeout_s=600)
     with run_server(settings) as server:
         asyncio.run(measure(server, 2, True, 1))  # warm the model itself (first-call costs)
         samples = asyncio.run(_run_all(server, counts, queries))
