@@ -269,6 +269,7 @@ class Cost:
     prompt_tokens: int
     cold_ms: list[float]  # the same question in a session without a warm prefix (the server's ttft_ms)
     cold_cached: int  # prompt tokens the cold question found cached (0: a whole prefill)
+    cold_tokens: int  # the cold question's prompt tokens (the warm one's: the same frames)
 
 
 async def _check_of(conn: Connection, frame: str, frame_id: int, watches: int) -> float:
@@ -297,14 +298,20 @@ async def _first_text(conn: Connection, text: str) -> tuple[float, ResponseDone]
     return first, received.event
 
 
-async def cold_prefill(url: str, http_url: str, frames: list[str], config: dict) -> tuple[list[float], int]:
+async def cold_prefill(url: str, http_url: str, frames: list[str], config: dict) -> tuple[list[float], int, int]:
     """``COST_CHECKS`` questions, each in a new session without a warm prefix on ``frames``
-    (no watches), on an idle server: the server's ttft_ms of each, and the fewest prompt tokens
-    one found cached."""
-    out, cached = [], None
+    (no watches), on an idle server: the server's ttft_ms of each, the fewest prompt tokens one
+    found cached, and the most prompt tokens one had.
+
+    The prompt holds every one of ``frames``, as the warm session's does (without a warm
+    prefix ``num_frames`` is 4 unless set). The frames are the warm session's, so the engine
+    has already preprocessed their pixels: the figure is a prefill's model steps alone, less
+    than a new camera's frames would cost."""
+    out, cached, tokens = [], None, 0
     async with httpx.AsyncClient(base_url=http_url) as http:
         for _ in range(COST_CHECKS):
-            conn, _ = await Connection.open(url, {**config, "prefix_warmup": False}, open_timeout=60)
+            conn, _ = await Connection.open(url, {**config, "prefix_warmup": False, "num_frames": len(frames)},
+                                            open_timeout=60)
             try:
                 for n, frame in enumerate(frames):
                     await conn.send_frame(frame, frame_id=n, pts_ms=n * 1000 / FPS)
@@ -313,9 +320,10 @@ async def cold_prefill(url: str, http_url: str, frames: list[str], config: dict)
                 _, done = await _first_text(conn, QUESTION)
                 out.append(done.timings.ttft_ms or float("nan"))
                 cached = min(done.usage.cached_tokens, cached if cached is not None else done.usage.cached_tokens)
+                tokens = max(tokens, done.usage.prompt_tokens)
             finally:
                 await conn.close()
-    return out, cached or 0
+    return out, cached or 0, tokens
 
 
 async def measure_cost(url: str, http_url: str, watches: int) -> tuple[list[Cost], int | None]:
@@ -351,9 +359,9 @@ async def measure_cost(url: str, http_url: str, watches: int) -> tuple[list[Cost
                     firsts.append(first)
                     server.append(done.timings.ttft_ms or float("nan"))
                     tokens_in = done.usage.prompt_tokens
-                cold, cold_cached = await cold_prefill(url, http_url, grey[:count], config)
+                cold, cold_cached, cold_tokens = await cold_prefill(url, http_url, grey[:count], config)
                 out.append(Cost(count, [c for c in checks if c == c] or [float("nan")], firsts, server, tokens_in,
-                                cold, cold_cached))
+                                cold, cold_cached, cold_tokens))
         finally:
             await conn.close()
     return out, tokens
@@ -465,7 +473,7 @@ def render(costs: list[Cost], tokens_per_check: int | None, base: list[Tally], w
             f"{min(c.check_ms):.1f}; one engine call for {watches} watches) vs warm question TTFT median {ttft:.1f} ms "
             f"at the server (min {min(c.server_ttft_ms):.1f}), {statistics.median(c.ttft_ms):.1f} ms at the client: "
             f"check / question {_ratio(check, ttft)} (mins {_ratio(min(c.check_ms), min(c.server_ttft_ms))}); "
-            f"cold prefill (no warm prefix, {c.cold_cached} tokens cached) median {cold:.1f} ms "
+            f"cold prefill (no warm prefix, {c.cold_tokens} prompt tokens, {c.cold_cached} cached) median {cold:.1f} ms "
             f"(min {min(c.cold_ms):.1f}): check / cold {_ratio(check, cold)}"
         )
     b, w = _merged(base), _merged(watched)
