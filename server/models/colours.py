@@ -1,8 +1,8 @@
 """A tiny image-text model trained here to see one thing: the colour of the screen.
 
-``make_colours_model`` builds a tiny model of either family (``tiny.build_tiny_model``, with
-small images: a frame is a few image tokens) and trains it on this machine, in a few
-minutes on two cores, on generated camera frames (``colour_frames``) to answer
+``make_colours_model`` builds a tiny model of either family (``tiny.build_tiny_model``) and
+trains it on this machine, in a few minutes on two cores, on generated camera frames
+(``colour_frames``) of a few image tokens each, to answer
 
 - "Is the screen red?" with ``yes`` or ``no``, as one token, so P(yes) can be read from the
   first answer token's distribution with no decoding;
@@ -12,7 +12,9 @@ about the newest frame of the prompt, for ``COLOURS``. The training prompts are 
 server's: rendered by the session's own renderer (``handlers.core.prompt``) with a system
 prompt, earlier turns, one to four timestamped frames, and encoded by the engine's own
 ``PromptEncoder`` with the processor the model ships, so training sees exactly the tokens,
-positions and pixels inference sees. How it is trained: ``colour_training``.
+positions and pixels inference sees. How it is trained: ``colour_training``. The model is
+saved with a processor that serves frames of a real small model's size (Qwen: about 64 image
+tokens, ``COLOURS_SHAPE``), and its accuracy is measured at that size.
 
 The answer tokens, the accuracy on held-out frames and how the model was trained go into
 ``livesight_demo.json`` (``task: "colours"``); ``read_colours_card`` reads them back.
@@ -25,7 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +42,16 @@ from server.models.tiny import DEMO_MARKER, TinyShape, build_tiny_model, save_ti
 
 TASK = "colours"
 
-# Small images: a Qwen frame is at most 3x4 image tokens (28 px each), an Idefics3 frame is
-# one 64 px image in 8 px patches, pixel-shuffled to 4x4 tokens. Colour needs no more.
-COLOURS_SHAPE = TinyShape(vocab=900, qwen_min_tokens=4, qwen_max_tokens=12, idefics3_image=64)
+# Trained on small images: a Qwen frame is at most 3x4 image tokens (28 px each), an Idefics3
+# frame one 64 px image in 8 px patches, pixel-shuffled to 4x4 tokens. Colour needs no more,
+# and a training step costs what its tokens do.
+TRAIN_SHAPE = TinyShape(vocab=900, qwen_min_tokens=4, qwen_max_tokens=12, idefics3_image=64)
+# Served at a real small model's frame size for Qwen: a 320x240 frame is 7x9 = 63 image tokens
+# (at most 72; SmolVLM's are 64), so a prompt of many frames costs a prefill what a real
+# model's does, in tokens. The model reads a frame's colour the same from more tokens of it
+# (the held-out accuracy is measured at this size). Idefics3 stays at its training size: its
+# vision tower's positions are sized for it.
+COLOURS_SHAPE = replace(TRAIN_SHAPE, qwen_max_tokens=72)
 
 # One thread: on two cores shared with other work, two threads made a training step 5-12 times
 # slower (each tiny operation waits for the busier core), and a fixed count keeps it deterministic.
@@ -111,27 +120,27 @@ def make_colours_model(
 
 def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], started: float) -> Path:
     model, tokenizer = build_tiny_model(family, COLOURS_SHAPE, seed=seed, extra_sentences=example_sentences(seed))
-    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
-    processor = load_processor(str(out_dir))  # exactly what the engine will load
-    answers = _answer_ids(processor.tokenizer, family)
-    encoder = PromptEncoder(processor, model_family(model.config), max_cached_images=4096)
-    side = model_image_side(processor.image_processor, 1024)
+    save_tiny_model(out_dir, family, model, tokenizer, TRAIN_SHAPE)
+    encoder, side = _encoder(out_dir, model)  # exactly what the engine would load, at the training size
+    answers = _answer_ids(encoder.tokenizer, family)
     rng = np.random.default_rng(seed)
     say(f"livesight: training the colours model ({family}): drawing frames...")
     train = _clips(rng, TRAIN_CLIPS, side)
     check = make_examples(rng, _clips(rng, CHECK_CLIPS, side), family, 160)
-    held_rng = np.random.default_rng([seed, 1])  # frames and prompts training never sees
-    held_out = make_examples(held_rng, _clips(held_rng, HELD_OUT_CLIPS, side), family, HELD_OUT_EXAMPLES)
     trainer = ColourTrainer(model, encoder, answers, tokenizer.eos_token_id)
     steps = trainer.train(rng, train, family, check, say, started)
+    trained_tokens = _image_tokens(encoder, check)
+    model.eval()
+    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
+    trainer.encoder, side = _encoder(out_dir, model)  # what the engine will load: the served frame size
+    held_rng = np.random.default_rng([seed, 1])  # frames and prompts training never sees
+    held_out = make_examples(held_rng, _clips(held_rng, HELD_OUT_CLIPS, side), family, HELD_OUT_EXAMPLES)
     accuracy = trainer.accuracy(held_out)
     seconds = time.perf_counter() - started
     say(
         f"livesight: colours model ({family}) trained in {seconds:.0f} s ({steps} steps): "
         f"held-out yes/no accuracy {accuracy['yes_no']:.3f}, naming accuracy {accuracy['naming']:.3f}"
     )
-    model.eval()
-    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
     write_marker(out_dir, {
         "random_weights": False,
         "task": TASK,
@@ -140,9 +149,10 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
         "colours": list(COLOURS),
         "answer_token_ids": answers,
         "answer_texts": {word: answer_text(word, family) for word in answers},
-        "image_tokens_per_frame": _image_tokens(encoder, held_out),
+        "image_tokens_per_frame": _image_tokens(trainer.encoder, held_out),
         "accuracy": accuracy,
-        "training": {"steps": steps, "batch": BATCH, "seconds": round(seconds, 1), "threads": TRAIN_THREADS},
+        "training": {"steps": steps, "batch": BATCH, "seconds": round(seconds, 1), "threads": TRAIN_THREADS,
+                     "image_tokens_per_frame": trained_tokens},
         "note": (
             "Tiny model generated and trained by livesight for demos and tests: it answers yes/no to "
             "'Is the screen <colour>?' (read P(yes) from answer_token_ids) and names the screen's colour "
@@ -150,6 +160,14 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
         ),
     })
     return out_dir
+
+
+def _encoder(model_dir: Path, model: torch.nn.Module) -> tuple[PromptEncoder, int]:
+    """The engine's prompt encoder for the processor saved in ``model_dir``, and the longest
+    frame side worth drawing for it."""
+    processor = load_processor(str(model_dir))
+    encoder = PromptEncoder(processor, model_family(model.config), max_cached_images=4096)
+    return encoder, model_image_side(processor.image_processor, 1024)
 
 
 def _clips(rng: np.random.Generator, count: int, side: int) -> list[list]:

@@ -26,7 +26,7 @@ from server.settings import Settings
 
 log = logging.getLogger("livesight.server")
 DEMO_FAMILY = "qwen2_5_vl"
-DEMO_VERSION = "2"  # 1 was the random-weight model, now the random model below
+DEMO_VERSION = "3"  # 1 was the random-weight model, now the random model below; 2 served small frames
 RANDOM_VERSION = "1"
 
 

@@ -27,7 +27,7 @@ from server.engines.base import Prompt, Sampling, TextDelta
 from server.engines.transformers_engine import TransformersEngine
 from server.engines.yes_no import answer_token_ids
 from server.models.colour_frames import COLOURS, ColourFrame, ColourScene
-from server.models.colours import read_colours_card
+from server.models.colours import COLOURS_SHAPE, read_colours_card
 from server.models.tiny import DEMO_MARKER, FAMILIES
 from tests.colours_models import ColoursModels
 
@@ -151,7 +151,8 @@ async def test_yes_and_no_are_whole_answers(rig: Rig) -> None:
 
 def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
     """livesight_demo.json says it is the colours model, which single tokens start each answer
-    (among the tokens the engine's check counts as yes and no), and held-out accuracies >= 95%."""
+    (among the tokens the engine's check counts as yes and no), held-out accuracies >= 95%, and
+    the frame sizes it was trained on and is served at (Qwen: a real small model's, ~64 tokens)."""
     card = read_colours_card(rig.path)
     marker = json.loads((rig.path / DEMO_MARKER).read_text(encoding="utf-8"))
     tokenizer = rig.engine.encoder.tokenizer
@@ -162,4 +163,9 @@ def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
         assert tokenizer.decode([token]).strip() == colour
     assert set(card.colour_token_ids) == set(COLOURS)
     assert card.accuracy["yes_no"] >= REQUIRED and card.accuracy["naming"] >= REQUIRED
-    assert 1 <= marker["image_tokens_per_frame"]["min"] <= marker["image_tokens_per_frame"]["max"] <= 16
+    trained, served = marker["training"]["image_tokens_per_frame"], marker["image_tokens_per_frame"]
+    assert 1 <= trained["min"] <= trained["max"] <= 16  # trained on small frames
+    if rig.family == "qwen2_5_vl":  # served at a real small model's size: a 320x240 frame is 7x9 tokens
+        assert 63 <= served["max"] <= COLOURS_SHAPE.qwen_max_tokens, served
+    else:
+        assert served == trained, served
