@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p_tiny.add_argument("--family", choices=["qwen2_5_vl", "idefics3"], default="qwen2_5_vl")
     p_tiny.add_argument(
         "--task", choices=["random", "colours"], default="random",
-        help="random: random weights, answers are noise (seconds); colours: trained on this machine (2-3 min) "
+        help="random: random weights, answers are noise (seconds); colours: trained on this machine (about 3 min) "
         "to answer 'Is the screen red?' with yes/no and 'What colour is the screen?' with red, green, blue, "
         "yellow, white, black or grey, about the newest frame (accuracy and answer token ids in the model's "
         "livesight_demo.json)",

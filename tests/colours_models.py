@@ -1,7 +1,7 @@
 """The colours models (``server.models.colours``), trained once per test run for every test
 that needs a model that sees: a plugin of the root conftest, like tests/real_server.py.
 
-Training takes 1-3 minutes a family and uses one thread, so the first test that asks for
+Training takes 2-3 minutes a family and uses one thread, so the first test that asks for
 either family starts both trainings at once, each in a process of its own (two cores: about
 the time of one), and waits for the one it asked for; later tests reuse them. The Qwen2.5-VL
 model is trained the way ``livesight serve`` trains its demo model (``resolve_model`` with no

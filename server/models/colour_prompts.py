@@ -3,7 +3,7 @@
 An example is a ``Prompt`` built by the session's renderer (``handlers.core.prompt``) from
 session ``Frame`` objects: a system prompt (the default or another), sometimes an earlier
 exchange kept as text or an earlier live turn with its frames, then one to four timestamped
-frames and the question. The answer is about the newest frame only.
+frames (or as many as asked for) and the question. The answer is about the newest frame only.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _example(
     history: list[Exchange] = []
     gap = float(rng.choice(_FRAME_GAPS_S))
     start = float(rng.uniform(0, 120))
-    times = [start + gap * i for i in range(MAX_FRAMES)]
+    times = [start + gap * i for i in range(max(shown, MAX_FRAMES))]
     earlier: list[ColourFrame] = []
     if split:
         earlier = _run(rng, clips, split)

@@ -10,6 +10,11 @@ colour word on, the answer; and an early layer's output (read through the model'
 head) must hold both the colour seen and the colour asked, so both are at hand where the
 answer is computed. With these, yes/no is learned in 200-300 steps.
 
+Short prompts (one to four frames) teach the rule; ``finish`` then keeps it on long ones (6 to
+16 frames, at the frame size the model is served at), where the newest frame is one of many:
+without it, the model trained on short prompts of small frames lost the newest frame's colour
+from about 18 served frames on.
+
 A batch is right-padded to its longest prompt; its prompts show the same number of frames, so
 they are about as long. Only the answer token and the end of turn after it are scored as the
 answer (the first answer token decides a check).
@@ -37,6 +42,9 @@ ONE_FRAME_STEPS = 60  # the first steps show one frame: the colours are learned 
 AUX_WEIGHT = 1.0  # the signals' losses against the answer's
 LENS_LAYER = 1  # the layer whose output must hold both colours (signals of kinds 2 and 3)
 CHECK_EVERY = 50  # steps between looks at the validation examples (all right: training stops)
+FINISH_STEPS = 40  # then steps on long prompts (``ColourTrainer.finish``)
+FINISH_BATCH = 4
+FINISH_FRAMES = (6, 16)  # frames in a long prompt, the fewest and the most
 PROGRESS_EVERY_S = 10.0
 
 
@@ -92,6 +100,30 @@ class ColourTrainer:
                 if min(scores.values()) >= 1.0:
                     return step
         return TRAIN_STEPS
+
+    def finish(
+        self, rng: np.random.Generator, clips: list[list[ColourFrame]], family: str, say: Callable[[str], None],
+        started: float,
+    ) -> None:
+        """``FINISH_STEPS`` more steps on long prompts (``FINISH_FRAMES`` frames) drawn from
+        ``clips``, at a tenth of the learning rate: the short prompts of ``train`` teach the rule,
+        these keep it when the newest frame is one of many (a session's prompt holds up to its
+        whole window), at the frame size the model is served at (the encoder's)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimiser = torch.optim.AdamW(params, lr=LEARNING_RATE / 10, betas=(0.9, 0.98), weight_decay=0.01)
+        self.model.train()
+        losses: list[float] = []
+        for step in range(1, FINISH_STEPS + 1):
+            frames = int(rng.integers(FINISH_FRAMES[0], FINISH_FRAMES[1] + 1))
+            loss = self._loss(make_examples(rng, clips, family, FINISH_BATCH, frames=frames))
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimiser.step()
+            losses.append(float(loss.detach()))
+        say(f"livesight: training the colours model ({family}): {FINISH_STEPS} steps on prompts of "
+            f"{FINISH_FRAMES[0]}-{FINISH_FRAMES[1]} frames, loss {np.mean(losses[-10:]):.3f}, "
+            f"{time.perf_counter() - started:.0f} s")
 
     def _loss(self, examples: list[ColourExample]) -> torch.Tensor:
         """The answer's loss (its token, then the end of turn), plus ``AUX_WEIGHT`` times the

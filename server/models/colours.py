@@ -14,7 +14,9 @@ prompt, earlier turns, one to four timestamped frames, and encoded by the engine
 ``PromptEncoder`` with the processor the model ships, so training sees exactly the tokens,
 positions and pixels inference sees. How it is trained: ``colour_training``. The model is
 saved with a processor that serves frames of a real small model's size (Qwen: about 64 image
-tokens, ``COLOURS_SHAPE``), and its accuracy is measured at that size.
+tokens, ``COLOURS_SHAPE``); training ends with a few steps on prompts of 6 to 16 frames at that
+size (a session's prompt holds its whole window: the newest frame is one of many), and the
+accuracy is measured at that size, on prompts of one to four frames and of 16.
 
 The answer tokens, the accuracy on held-out frames and how the model was trained go into
 ``livesight_demo.json`` (``task: "colours"``); ``read_colours_card`` reads them back.
@@ -59,8 +61,11 @@ TRAIN_THREADS = 1
 TRAIN_CLIPS = 320  # clips of CLIP_FRAMES frames the training prompts are drawn from
 CHECK_CLIPS = 40
 HELD_OUT_CLIPS = 100
-HELD_OUT_EXAMPLES = 600
+HELD_OUT_EXAMPLES = 420
 CLIP_FRAMES = 4
+LONG_CLIPS = 40  # clips of LONG_CLIP_FRAMES frames for the long prompts training ends with
+LONG_CLIP_FRAMES = 16
+HELD_OUT_LONG = 120  # held-out examples of LONG_CLIP_FRAMES frames
 
 
 @dataclass(frozen=True)
@@ -130,12 +135,17 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
     trainer = ColourTrainer(model, encoder, answers, tokenizer.eos_token_id)
     steps = trainer.train(rng, train, family, check, say, started)
     trained_tokens = _image_tokens(encoder, check)
-    model.eval()
     save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
     trainer.encoder, side = _encoder(out_dir, model)  # what the engine will load: the served frame size
+    trainer.finish(rng, _clips(rng, LONG_CLIPS, side, LONG_CLIP_FRAMES), family, say, started)
+    model.eval()
+    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
     held_rng = np.random.default_rng([seed, 1])  # frames and prompts training never sees
     held_out = make_examples(held_rng, _clips(held_rng, HELD_OUT_CLIPS, side), family, HELD_OUT_EXAMPLES)
     accuracy = trainer.accuracy(held_out)
+    long_clips = _clips(held_rng, HELD_OUT_CLIPS // 4, side, LONG_CLIP_FRAMES)
+    long = trainer.accuracy(make_examples(held_rng, long_clips, family, HELD_OUT_LONG, frames=LONG_CLIP_FRAMES))
+    accuracy.update({f"{kind}_{LONG_CLIP_FRAMES}_frames": value for kind, value in long.items()})
     seconds = time.perf_counter() - started
     say(
         f"livesight: colours model ({family}) trained in {seconds:.0f} s ({steps} steps): "
@@ -170,12 +180,12 @@ def _encoder(model_dir: Path, model: torch.nn.Module) -> tuple[PromptEncoder, in
     return encoder, model_image_side(processor.image_processor, 1024)
 
 
-def _clips(rng: np.random.Generator, count: int, side: int) -> list[list]:
-    """``count`` clips of ``CLIP_FRAMES`` frames; each frame's colour is the next one's or another."""
+def _clips(rng: np.random.Generator, count: int, side: int, frames: int = CLIP_FRAMES) -> list[list]:
+    """``count`` clips of ``frames`` frames; each frame's colour is the next one's or another."""
     clips = []
     for index in range(count):
         colours = [COLOURS[index % len(COLOURS)]]
-        for _ in range(CLIP_FRAMES - 1):
+        for _ in range(frames - 1):
             colours.insert(0, colours[0] if rng.random() < 0.4 else COLOURS[int(rng.integers(len(COLOURS)))])
         clips.append(colour_clip(rng, colours, side))
     return clips

@@ -26,7 +26,7 @@ from server.settings import Settings
 
 log = logging.getLogger("livesight.server")
 DEMO_FAMILY = "qwen2_5_vl"
-DEMO_VERSION = "3"  # 1 was the random-weight model, now the random model below; 2 served small frames
+DEMO_VERSION = "4"  # 1 was the random-weight model, now the random model below; 2 small frames; 3 no long prompts
 RANDOM_VERSION = "1"
 
 
@@ -49,7 +49,7 @@ def resolve_model(settings: Settings) -> str:
     if card is None:
         log.warning(
             "no --model given: training the demo model (the tiny colours model, %s) into %s; about "
-            "two minutes on two cores, once",
+            "three minutes on two cores, once",
             DEMO_FAMILY, target,
         )
         _generate(target, _train_colours, lambda: _card(target) is not None)

@@ -1,7 +1,7 @@
 """The colours model, trained here, sees: through the real transformers engine it names the
 newest frame's colour and says yes exactly to that colour, on frames it never saw.
 
-The model of each family is trained once per run (tests/colours_models.py, 1.5-3 minutes on
+The model of each family is trained once per run (tests/colours_models.py, 2-3 minutes on
 two cores). Held-out frames are drawn from seeds training never used, at camera sizes from
 160x120 to 1280x720 and portrait, and reach the engine as the server keeps them: the client's
 JPEG, decoded by the engine at the side the engine asks for. Prompts come from the session's
