@@ -13,20 +13,27 @@ a core would stall every other thread of the server (measured: 5-60 ms garbage c
 run by a low-priority thread, and event-loop stalls of up to 85 ms). Where the model
 thread may not take its priority back (no CAP_SYS_NICE), it does not lower it at all.
 
-Jobs run one at a time, in the order they were given. A caller that is cancelled while its
-job runs waits for the job to finish (a model step cannot be stopped half-way), then the
-cancellation takes effect at the caller's next checkpoint.
+Jobs run one at a time, by ``Priority`` (the steps of answers first, then those of warm
+prefixes, then watch checks), each priority in the order its jobs were given: a question waits
+for the step under way, never behind a queue of other sessions' warmups and checks. A caller
+that is cancelled while its job runs waits for the job to finish (a model step cannot be
+stopped half-way), then the cancellation takes effect at the caller's next checkpoint; a
+job that has not started when its caller is cancelled is dropped, so a cancelled warmup or
+check never keeps its session waiting behind other sessions' answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, TypeVar
 
 import anyio
@@ -36,6 +43,17 @@ log = logging.getLogger("livesight.engines")
 T = TypeVar("T")
 
 _STOP = object()
+
+
+class Priority(IntEnum):
+    """Which jobs a model thread runs first: the lowest value waiting."""
+
+    ANSWER = 0  # a question's prefill and decoding steps (and anything not told otherwise)
+    WARMUP = 1  # a warm prefix's steps
+    CHECK = 2  # a watch check's steps
+    STOP = 3  # closing: after every job given before it at a higher priority
+
+
 #: How often a yielding model thread looks again.
 YIELD_POLL_S = 0.0005
 
@@ -84,8 +102,21 @@ def _may_raise_priority() -> bool:
     return allowed == [True]
 
 
+@dataclass(eq=False)
+class _Job:
+    """A job given to the model thread; ``state`` (under the thread's lock) says whether it
+    waits, runs or was dropped by its cancelled caller."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    state: str = "waiting"  # "running", "dropped"
+
+
 class ModelThread:
-    """A single thread that runs an engine's jobs in order; ``start_workers`` (run first, on
+    """A single thread that runs an engine's jobs by priority, in order within each;
+    ``start_workers`` (run first, on
     this thread) starts the compute threads, which run ``nice`` steps below the server."""
 
     def __init__(
@@ -99,8 +130,10 @@ class ModelThread:
         self.start_workers = start_workers
         self.native_id: int | None = None
         self.workers_nice: int | None = None  # the compute threads' nice value, once started
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._jobs: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
+        self._order = itertools.count()  # ties within a priority go in the order given
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # a job's state: taken by the thread, or dropped by its caller
 
     def _ensure_started(self) -> None:
         if self._thread is None:
@@ -114,17 +147,20 @@ class ModelThread:
         except Exception:  # the jobs still run; only the priorities are as they were
             log.exception("starting the model's workers failed")
         while True:
-            job = self._jobs.get()
+            _, _, job = self._jobs.get()
             if job is _STOP:
                 return
-            fn, args, loop, future = job
+            with self._lock:
+                if job.state == "dropped":
+                    continue
+                job.state = "running"
             self._give_way()
             try:
-                result = fn(*args)
+                result = job.fn(*job.args)
             except BaseException as exc:  # handed to the caller, who decides
-                _settle_soon(loop, future, None, exc)
+                _settle_soon(job.loop, job.future, None, exc)
             else:
-                _settle_soon(loop, future, result, None)
+                _settle_soon(job.loop, job.future, result, None)
 
     def _give_way(self) -> None:
         """Before a step: while ``yield_to`` says other work is waiting (frames being
@@ -135,23 +171,32 @@ class ModelThread:
         while self.yield_to() and time.monotonic() < until:
             time.sleep(YIELD_POLL_S)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the model thread; returns its result, re-raises its exception.
-        Cancellation waits for the job to finish."""
+    async def run(self, fn: Callable[..., T], *args: Any, priority: Priority = Priority.ANSWER) -> T:
+        """Run ``fn(*args)`` on the model thread, after the jobs waiting at a higher
+        ``priority`` (and those given earlier at this one); returns its result, re-raises its
+        exception. Cancellation drops the job if it has not started, else waits for it to finish."""
         await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller gives no new job
         self._ensure_started()
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, args, loop, future))
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait([future])
-        return future.result()
+        job = _Job(fn, args, loop, loop.create_future())
+        self._jobs.put((priority, next(self._order), job))
+        try:
+            await asyncio.wait([job.future])
+        except BaseException:  # cancelled
+            with self._lock:
+                started = job.state == "running"
+                job.state = job.state if started else "dropped"
+            if started:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([job.future])
+            raise
+        return job.future.result()
 
     def close(self) -> None:
         """Stop the thread once the jobs already given have run (it is a daemon: a server
         that exits does not wait for it)."""
         if self._thread is not None:
-            self._jobs.put(_STOP)
+            self._jobs.put((Priority.STOP, next(self._order), _STOP))
             self._thread = None
 
 

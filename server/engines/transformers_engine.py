@@ -44,7 +44,7 @@ from server.engines.detokenizer import IncrementalDetokenizer
 from server.engines.hf_loading import load_model, load_processor, model_family, model_image_side
 from server.engines.growable_cache import crop_to, new_cache
 from server.engines.kv_cache import CacheBudget, SessionCache
-from server.engines.model_thread import ModelThread
+from server.engines.model_thread import ModelThread, Priority
 from server.engines.prompt_encoding import Piece, PromptEncoder
 from server.engines.yes_no import answer_token_ids, yes_probability
 
@@ -135,13 +135,13 @@ class TransformersEngine(Engine):
 
         New images are preprocessed one per model-thread job, like the prefill steps, so a
         query waits behind one frame's work at most."""
-        await self._preprocess_new_images(prompt)
-        pieces = await self._run(self._encode, prompt)
+        await self._preprocess_new_images(prompt, Priority.WARMUP)
+        pieces = await self._run(self._encode, prompt, priority=Priority.WARMUP)
         with self.budget.hold(session_id):
-            cache = await self._run(self._reuse, session_id, pieces, False)
+            cache = await self._run(self._reuse, session_id, pieces, False, priority=Priority.WARMUP)
             todo = _remaining(pieces, cache.length)
             for chunk in _chunks(todo, self.prefill_chunk_tokens, one_image=True):
-                await self._run(self._forward, session_id, cache, chunk)
+                await self._run(self._forward, session_id, cache, chunk, priority=Priority.WARMUP)
             return cache.length
 
     async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
@@ -159,9 +159,9 @@ class TransformersEngine(Engine):
         results: list[CheckResult] = []
         with self.budget.hold(session_id):  # another session's step must not evict this cache
             for prompt in prompts:
-                await self._preprocess_new_images(prompt)
-            for step in await self._run(self._check_steps, session_id, prompts):
-                results += await self._run(self._check_step, session_id, step)
+                await self._preprocess_new_images(prompt, Priority.CHECK)
+            for step in await self._run(self._check_steps, session_id, prompts, priority=Priority.CHECK):
+                results += await self._run(self._check_step, session_id, step, priority=Priority.CHECK)
         return results
 
     async def generate(
@@ -204,22 +204,23 @@ class TransformersEngine(Engine):
             yield Finished(reason, Usage(prompt_tokens, cached, produced, images, spoken))
 
     # ------------------------------------------------------------------ model-thread jobs
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one model step on the model thread. Cancellation waits for the step."""
+    async def _run(self, fn: Callable[..., T], *args: Any, priority: Priority = Priority.ANSWER) -> T:
+        """Run one model step on the model thread, at ``priority`` (answers first, then warm
+        prefixes, then checks). Cancellation waits for the step."""
         try:
-            return await self._model_thread.run(fn, *args)
+            return await self._model_thread.run(fn, *args, priority=priority)
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
             if self.model is None:
                 raise EngineError("engine is closed") from exc
             log.exception("model step failed")
             raise EngineError(f"model step failed: {type(exc).__name__}") from exc
 
-    async def _preprocess_new_images(self, prompt: Prompt) -> None:
+    async def _preprocess_new_images(self, prompt: Prompt, priority: Priority) -> None:
         """Run the processor on the prompt's images it has not seen, one model-thread job each."""
         if self.encoder is not None:
             for image in _images(prompt):
                 if not self.encoder.knows(image):
-                    await self._run(self.encoder.image_piece, image)
+                    await self._run(self.encoder.image_piece, image, priority=priority)
 
     def _encode(self, prompt: Prompt) -> list[Piece]:
         if self.encoder is None:

@@ -1,5 +1,6 @@
-"""The embedded engine's model thread: jobs in order, cancellation waits for a running step,
-and each step gives way to frame decoding for at most ``max_yield_s``."""
+"""The embedded engine's model thread: jobs by priority (answers, warmups, checks), in order
+within each; cancellation waits for a running step and drops one that has not started; and
+each step gives way to frame decoding for at most ``max_yield_s``."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import anyio
 import pytest
 
 from server import blocking
-from server.engines.model_thread import ModelThread
+from server.engines.model_thread import ModelThread, Priority
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_jobs_run_in_order_on_one_thread() -> None:
-    """Every job runs on the same thread, in the order given, and returns its result."""
+    """Every job runs on the same thread, in the order given (one priority), and returns its result."""
     thread = ModelThread()
     try:
         seen: list[tuple[int, int]] = []
@@ -29,6 +30,52 @@ async def test_jobs_run_in_order_on_one_thread() -> None:
         with pytest.raises(ZeroDivisionError):
             await thread.run(lambda: 1 / 0)
     finally:
+        thread.close()
+
+
+async def test_waiting_jobs_run_by_priority_then_in_order() -> None:
+    """Jobs given while the thread is busy run answers first, then warmups, then checks, each
+    priority in the order given."""
+    thread = ModelThread()
+    busy = threading.Event()
+    seen: list[str] = []
+    try:
+        await thread.run(lambda: None)  # the thread is up
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(thread.run, busy.wait)
+            await anyio.sleep(0.05)
+            for name, priority in [("check1", Priority.CHECK), ("warm1", Priority.WARMUP),
+                                   ("answer1", Priority.ANSWER), ("check2", Priority.CHECK),
+                                   ("answer2", Priority.ANSWER), ("warm2", Priority.WARMUP)]:
+                tg.start_soon(lambda n=name, p=priority: thread.run(seen.append, n, priority=p))
+                await anyio.sleep(0.01)
+            busy.set()
+        assert seen == ["answer1", "answer2", "warm1", "warm2", "check1", "check2"]
+    finally:
+        busy.set()
+        thread.close()
+
+
+async def test_cancelled_caller_drops_a_job_that_has_not_started() -> None:
+    """A caller cancelled while its job waits behind others returns at once, and the job never
+    runs; the jobs around it run as given."""
+    thread = ModelThread()
+    busy = threading.Event()
+    seen: list[str] = []
+    try:
+        await thread.run(lambda: None)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(thread.run, busy.wait)
+            await anyio.sleep(0.05)
+            with anyio.move_on_after(0.05) as scope:
+                await thread.run(seen.append, "dropped", priority=Priority.CHECK)
+            assert scope.cancelled_caught and not busy.is_set()  # it returned while the thread was busy
+            tg.start_soon(thread.run, seen.append, "after")
+            await anyio.sleep(0.01)
+            busy.set()
+        assert seen == ["after"]
+    finally:
+        busy.set()
         thread.close()
 
 
