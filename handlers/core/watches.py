@@ -132,6 +132,10 @@ class WatchBook:
         ``invalid_watch`` (an id twice)."""
         if len(specs) > max_watches:
             raise SessionError(ErrorCode.TOO_MANY_WATCHES, f"a session may hold {max_watches} watches")
+        ids = [spec.watch_id for spec in specs if spec.watch_id is not None]
+        twice = next((watch_id for watch_id in ids if ids.count(watch_id) > 1), None)
+        if twice is not None:
+            raise SessionError(ErrorCode.INVALID_WATCH, f"watch id {twice!r} is in the list twice")
         book = cls(max_watches, max_answer_tokens)
         for spec in specs:
             book.create(spec)

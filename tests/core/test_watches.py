@@ -116,6 +116,19 @@ def test_create_update_delete_and_their_errors() -> None:
     assert duplicate.value.code == "invalid_watch"
 
 
+def test_a_config_list_with_an_id_twice_is_refused_as_such() -> None:
+    """A list (session.config, a Realtime session.update) naming one id twice says so, and
+    one past max_watches is too many."""
+    specs = [WatchSpec(watch_id="d", condition="x?"), WatchSpec(watch_id="d", condition="y?")]
+    with pytest.raises(SessionError) as twice:
+        WatchBook.of(specs, max_watches=8)
+    assert twice.value.code == "invalid_watch" and "twice" in twice.value.message
+    with pytest.raises(SessionError) as many:
+        WatchBook.of([WatchSpec(condition=f"{i}?") for i in range(3)], max_watches=2)
+    assert many.value.code == "too_many_watches"
+    assert [w.spec.watch_id for w in WatchBook.of(specs[:1], max_watches=8)] == ["d"]
+
+
 def test_update_keeps_the_state_unless_the_condition_changes() -> None:
     """Changing a threshold keeps a fired alert fired; a new condition starts it afresh."""
     book = alert()

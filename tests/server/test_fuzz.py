@@ -1,7 +1,8 @@
 """Hostile clients through the real server (real socket, real engine on the tiny model):
-2,000 generated messages of every kind, each answered as docs/protocol.md says, and 10,000
-watch events, each answered by its one documented code; the session usable after, nothing
-left behind (``livesight bench fuzz`` runs the same with 10,000 messages of every kind)."""
+2,000 generated messages of every kind, each answered as docs/protocol.md says, 10,000
+watch events, each answered by its one documented code, and 2,000 realtime session.update
+watch lists, each applied or refused whole as docs/realtime.md says; the session usable after,
+nothing left behind (``livesight bench fuzz`` runs the same with 10,000 messages of every kind)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 
 from handlers.wire.protocol import FrameAck, ResponseDone
 from server.bench.footage import bench_frame
+from server.app import REALTIME_PATH
+from server.bench.fuzz_watch_lists import WatchLists
 from server.bench.fuzz_watches import SURROGATES, WatchCases, send_watch_cases
 from server.client.connection import Connection, StreamError
 
@@ -32,6 +36,7 @@ from server.bench.fuzz import (
 from server.settings import Settings
 
 EXAMPLES = 2_000
+REALTIME_UPDATES = 2_000
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +123,53 @@ def test_watch_events_get_their_one_documented_code(unlimited_server: RunningSer
     for kind in ("watch.created", "watch.updated", "watch.deleted", "invalid_watch", "unknown_watch",
                  "too_many_watches", "invalid_message", "unknown_type", "invalid_json"):
         assert counts.get(kind, 0) >= 100, counts
+    assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
+
+
+def test_realtime_watch_lists_get_their_documented_answers(unlimited_server: RunningServer) -> None:
+    """2,000 session.update events on /v1/realtime with generated watch lists (valid ones with
+    odd Unicode, boundary values and ignored fields; a watch with a wrong type or out of range,
+    inconsistent, an id twice, too many, not a list, lone surrogates): a valid list replaces
+    the session's watches and session.updated echoes it; any other is refused whole, the
+    session keeps its watches, session.updated lists it in livesight.refused and an error
+    invalid_value names the event. The session then still answers a question over a frame."""
+    lists = WatchLists(max_watches=8, rng=random.Random(20_241))
+    url = f"ws://{unlimited_server.host}:{unlimited_server.port}{REALTIME_PATH}"
+
+    async def receive(ws: Any) -> dict[str, Any]:
+        return json.loads(await asyncio.wait_for(ws.recv(), 30))
+
+    async def storm() -> None:
+        async with websockets.connect(url, max_size=None) as ws:
+            assert (await receive(ws))["type"] == "session.created"
+            started = time.perf_counter()
+            for _ in range(REALTIME_UPDATES):
+                case = lists.next()
+                await ws.send(case.raw)
+                updated, errors = None, []
+                while updated is None or (case.refused and not errors):
+                    event = await receive(ws)
+                    assert event["type"] in ("session.updated", "error"), (case, event)
+                    if event["type"] == "error":
+                        errors.append(event["error"])
+                    else:
+                        updated = event["session"]["livesight"]
+                assert [w["watch_id"] for w in updated["watches"] or []] == case.watch_ids, (case, updated)
+                assert bool(updated["refused"]) == case.refused, (case, updated["refused"])
+                assert [(e["code"], e["event_id"]) for e in errors] == [("invalid_value", case.event_id)] * case.refused
+            print(f"realtime watch lists: {REALTIME_UPDATES} in {time.perf_counter() - started:.1f} s; {lists.counts}")
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_image", "image_url": f"data:image/jpeg;base64,{bench_frame(1, (64, 48))}"}]}}))
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "livesight": {
+                "watches": []}}}))  # no fired answer races the question
+            await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 2}}))
+            while (event := await receive(ws))["type"] != "response.done" or event["response"].get("metadata"):
+                assert event["type"] != "error", event
+            assert event["response"]["status"] in ("completed", "incomplete")
+
+    asyncio.run(storm())
+    assert lists.counts["applied"] >= 500 and lists.counts["refused"] >= 1_000, lists.counts
     assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
 
 
