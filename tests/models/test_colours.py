@@ -38,6 +38,7 @@ HELD_OUT_SEED = 20_261_204  # training draws from seed 0 (its frames) and [0, 1]
 NAMING = ("What colour is the screen?", "What color is it?", "Which colour do you see?")
 GREEDY = Sampling(temperature=0.0, max_tokens=4)
 REQUIRED = 0.95
+LONG_REQUIRED = 0.9
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +152,8 @@ async def test_yes_and_no_are_whole_answers(rig: Rig) -> None:
 
 def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
     """livesight_demo.json says it is the colours model, which single tokens start each answer
-    (among the tokens the engine's check counts as yes and no), held-out accuracies >= 95%, and
+    (among the tokens the engine's check counts as yes and no), held-out accuracies >= 95% (90% on
+    prompts of 16 frames), and
     the frame sizes it was trained on and is served at (Qwen: a real small model's, ~64 tokens)."""
     card = read_colours_card(rig.path)
     marker = json.loads((rig.path / DEMO_MARKER).read_text(encoding="utf-8"))
@@ -163,6 +165,8 @@ def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
         assert tokenizer.decode([token]).strip() == colour
     assert set(card.colour_token_ids) == set(COLOURS)
     assert card.accuracy["yes_no"] >= REQUIRED and card.accuracy["naming"] >= REQUIRED
+    # on prompts of 16 frames (a few dozen examples: a wrong answer is 2-3%)
+    assert card.accuracy["yes_no_16_frames"] >= LONG_REQUIRED and card.accuracy["naming_16_frames"] >= LONG_REQUIRED
     trained, served = marker["training"]["image_tokens_per_frame"], marker["image_tokens_per_frame"]
     assert 1 <= trained["min"] <= trained["max"] <= 16  # trained on small frames
     if rig.family == "qwen2_5_vl":  # served at a real small model's size: a 320x240 frame is 7x9 tokens
