@@ -23,6 +23,7 @@ import gc
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 import anyio
 
@@ -91,8 +92,10 @@ class MemoryReturn:
     """Decides when to give memory back: after the last session closes, or every
     ``TRIM_INTERVAL_S`` while sessions close."""
 
-    def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
+    def __init__(self, interval_s: float = TRIM_INTERVAL_S,
+                 release: Callable[[bool], bool] | None = None) -> None:
         self.interval_s = interval_s
+        self._release = release or release_free_memory  # (collect) -> trimmed; tests give their own
         self._last: float | None = None  # no trim yet (the monotonic clock may be near zero after a boot)
         self._running = False
         self._full_wanted = False  # the last session closed while a trim ran: one more, full
@@ -113,7 +116,7 @@ class MemoryReturn:
             while True:
                 self._full_wanted = False
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(release_free_memory, full)
+                    await anyio.to_thread.run_sync(self._release, full)
                 self.trims += 1
                 if not self._full_wanted:
                     break

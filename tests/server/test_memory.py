@@ -15,16 +15,19 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def releases(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Each call of ``release_free_memory``, as its ``collect`` argument (nothing is trimmed)."""
-    calls: list[bool] = []
-    monkeypatch.setattr(memory, "release_free_memory", lambda collect=True: calls.append(collect) or False)
-    return calls
+def releases() -> list[bool]:
+    """Each release of the test's own ``MemoryReturn`` (``recording``), as its ``collect``
+    argument (nothing is trimmed; a server another module left running trims on its own)."""
+    return []
+
+
+def recording(calls: list[bool], interval_s: float) -> MemoryReturn:
+    return MemoryReturn(interval_s=interval_s, release=lambda collect=True: calls.append(collect) or False)
 
 
 async def test_no_full_collection_while_sessions_remain(releases: list[bool]) -> None:
     """Sessions closing while others remain only trim; the last one gets the full collection."""
-    ret = MemoryReturn(interval_s=0)
+    ret = recording(releases, interval_s=0)
     await ret.session_closed(remaining=5)
     await ret.session_closed(remaining=4)
     await ret.session_closed(remaining=0)
@@ -33,7 +36,7 @@ async def test_no_full_collection_while_sessions_remain(releases: list[bool]) ->
 
 async def test_trims_while_sessions_remain_at_most_once_per_interval(releases: list[bool]) -> None:
     """The first close trims at once (even right after boot), later ones not within the interval; the last always."""
-    ret = MemoryReturn(interval_s=3600)
+    ret = recording(releases, interval_s=3600)
     for remaining in (9, 8, 7):
         await ret.session_closed(remaining=remaining)
     assert releases == [False]
@@ -41,7 +44,7 @@ async def test_trims_while_sessions_remain_at_most_once_per_interval(releases: l
     assert releases == [False, True]
 
 
-async def test_last_session_closing_during_a_trim_still_gets_a_full_one(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_last_session_closing_during_a_trim_still_gets_a_full_one() -> None:
     """The last session closing while a trim runs is not lost: its full collection follows."""
     started, finish = threading.Event(), threading.Event()
     calls: list[bool] = []
@@ -52,8 +55,7 @@ async def test_last_session_closing_during_a_trim_still_gets_a_full_one(monkeypa
         finish.wait(10)
         return False
 
-    monkeypatch.setattr(memory, "release_free_memory", slow_release)
-    ret = MemoryReturn(interval_s=0)
+    ret = MemoryReturn(interval_s=0, release=slow_release)
     async with anyio.create_task_group() as tg:
         tg.start_soon(ret.session_closed, 3)
         await anyio.to_thread.run_sync(started.wait, 10)
