@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.bench.fuzz_watches import SURROGATES, VALID_IDS, Watch, WatchCases, dumps
+from server.bench.fuzz_watches import SURROGATES, VALID_IDS, Watch, WatchCases, dumps, shown
 
 VALID = "valid list"
 #: A valid list one of whose watches has a key with a lone surrogate: a field a watch does not
@@ -40,8 +40,7 @@ class ListCase:
     what: str
 
     def __repr__(self) -> str:
-        text = self.raw if len(self.raw) <= 300 else self.raw[:300] + f"... ({len(self.raw)} chars)"
-        return f"ListCase({self.what} -> {'refused' if self.refused else self.watch_ids}: {text!r})"
+        return f"ListCase({self.what} -> {'refused' if self.refused else self.watch_ids}: {shown(self.raw)!r})"
 
 
 @dataclass

@@ -77,8 +77,7 @@ class WatchCase:
     what: str
 
     def __repr__(self) -> str:
-        text = self.raw if len(self.raw) <= 300 else self.raw[:300] + f"... ({len(self.raw)} chars)"
-        return f"WatchCase({self.what} -> {self.expected}: {text!r})"
+        return f"WatchCase({self.what} -> {self.expected}: {shown(self.raw)!r})"
 
 
 @dataclass
@@ -89,6 +88,11 @@ class Watch:
     kind: str
     threshold: float
     clear_threshold: float
+
+
+def shown(raw: str) -> str:
+    """A message as a failing case shows it: at most its first 300 characters."""
+    return raw if len(raw) <= 300 else raw[:300] + f"... ({len(raw)} chars)"
 
 
 def dumps(obj: dict[str, Any]) -> str:

@@ -185,7 +185,8 @@ class ModelThread:
         except BaseException:  # cancelled
             with self._lock:
                 started = job.state == "running"
-                job.state = job.state if started else "dropped"
+                if not started:
+                    job.state = "dropped"  # the thread passes over it
             if started:
                 with anyio.CancelScope(shield=True):
                     await asyncio.wait([job.future])

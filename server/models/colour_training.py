@@ -72,21 +72,15 @@ class ColourTrainer:
         """Train on examples drawn from ``clips`` until ``TRAIN_STEPS``, or until every ``check``
         example is right (looked at every ``CHECK_EVERY`` steps); returns the steps taken.
         ``say`` gets a progress line every ``PROGRESS_EVERY_S`` seconds and after each check."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimiser = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.01)
+        optimiser = self._optimiser(LEARNING_RATE)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, _lr_factor)
         last_report = time.perf_counter()
         losses: list[float] = []
         self.model.train()
         for step in range(1, TRAIN_STEPS + 1):
-            batch = make_examples(rng, clips, family, BATCH, frames=_frames_at(step, rng))
-            loss = self._loss(batch)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimiser.step()
+            losses.append(self._step(optimiser, make_examples(rng, clips, family, BATCH,
+                                                              frames=_frames_at(step, rng))))
             schedule.step()
-            losses.append(float(loss.detach()))
             now = time.perf_counter()
             if now - last_report >= PROGRESS_EVERY_S:
                 last_report = now
@@ -109,21 +103,29 @@ class ColourTrainer:
         ``clips``, at a tenth of the learning rate: the short prompts of ``train`` teach the rule,
         these keep it when the newest frame is one of many (a session's prompt holds up to its
         whole window), at the frame size the model is served at (the encoder's)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimiser = torch.optim.AdamW(params, lr=LEARNING_RATE / 10, betas=(0.9, 0.98), weight_decay=0.01)
+        optimiser = self._optimiser(LEARNING_RATE / 10)
         self.model.train()
         losses: list[float] = []
-        for step in range(1, FINISH_STEPS + 1):
+        for _ in range(FINISH_STEPS):
             frames = int(rng.integers(FINISH_FRAMES[0], FINISH_FRAMES[1] + 1))
-            loss = self._loss(make_examples(rng, clips, family, FINISH_BATCH, frames=frames))
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimiser.step()
-            losses.append(float(loss.detach()))
+            losses.append(self._step(optimiser, make_examples(rng, clips, family, FINISH_BATCH, frames=frames)))
         say(f"livesight: training the colours model ({family}): {FINISH_STEPS} steps on prompts of "
             f"{FINISH_FRAMES[0]}-{FINISH_FRAMES[1]} frames, loss {np.mean(losses[-10:]):.3f}, "
             f"{time.perf_counter() - started:.0f} s")
+
+    def _optimiser(self, lr: float) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+
+    def _step(self, optimiser: torch.optim.Optimizer, examples: list[ColourExample]) -> float:
+        """One training step on ``examples`` (gradients clipped to norm 1); returns its loss."""
+        loss = self._loss(examples)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in optimiser.param_groups for p in g["params"]], 1.0)
+        optimiser.step()
+        return float(loss.detach())
 
     def _loss(self, examples: list[ColourExample]) -> torch.Tensor:
         """The answer's loss (its token, then the end of turn), plus ``AUX_WEIGHT`` times the
