@@ -5,14 +5,45 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps serve test test-core bench clean
+.PHONY: setup venv system-deps serve test test-core bench clean
 
-# Debian packages the test suite drives (a real Chromium for the browser test, HAProxy for the
-# routing tests).
+# Debian packages the test suite drives (a real Chromium for the browser test, docker-compose
+# for the compose files' checks, HAProxy for the routing tests).
 APT_PACKAGES := chromium docker-compose haproxy
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+# `python3 -m venv` needs ensurepip, which Debian and Ubuntu package apart (python3.X-venv).
+VENV_PACKAGE = $(shell $(PY) -c 'import sys; print("python3.%d-venv" % sys.version_info[1])' 2>/dev/null || echo python3-venv)
+
+# Hub downloads are off (HF_HUB_OFFLINE=1) when no model is named: the demo and benchmark
+# models are generated here. A model named in ARGS (--model) or LIVESIGHT_MODEL may be a hub id
+# to download, so then the hub is left on.
+OFFLINE = $(if $(filter --model --model=%,$(ARGS))$(LIVESIGHT_MODEL),,HF_HUB_OFFLINE=1)
+
+# The virtual environment, made once (a .venv left without pip by a failed attempt is made
+# again). Without ensurepip: as root with apt-get, its Debian package is installed (as
+# system-deps does for the tests); otherwise make says what to install, and stops.
+venv:
+	@if ! test -x $(BIN)/pip; then \
+	  if ! $(PY) -c 'import ensurepip' >/dev/null 2>&1; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      echo "$(PY) -m venv needs ensurepip: installing $(VENV_PACKAGE) with apt-get"; \
+	      apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(VENV_PACKAGE); \
+	    fi; \
+	    if ! $(PY) -c 'import ensurepip' >/dev/null 2>&1; then \
+	      echo "$(PY) cannot make a virtual environment: its ensurepip module is missing." >&2; \
+	      echo "On Debian or Ubuntu: apt-get install $(VENV_PACKAGE) (as root), then run make again." >&2; \
+	      exit 1; \
+	    fi; \
+	  fi; \
+	  rm -rf $(VENV); \
+	  if ! $(PY) -m venv $(VENV); then \
+	    rm -rf $(VENV); \
+	    echo "$(PY) -m venv $(VENV) failed. On Debian or Ubuntu: apt-get install $(VENV_PACKAGE) (as root)." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(STAMP): pyproject.toml | venv
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch 2.13.0 first: pip takes the CPU build from this machine kind's local disk
 	$(BIN)/python -m pip install --quiet torch==2.13.0
@@ -26,7 +57,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 serve: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/livesight serve $(ARGS)
+	$(OFFLINE) $(BIN)/livesight serve $(ARGS)
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -39,7 +70,7 @@ test-core: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m core $(ARGS)
 
 bench: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/livesight bench ttft $(ARGS)
+	$(OFFLINE) $(BIN)/livesight bench ttft $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
