@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
 pytest_plugins = ("tests.real_server", "tests.colours_models")
+
+#: The run's own temporary directory, removed when the run ends: every temporary file of the run
+#: goes there (pytest's tmp_path, and through TMPDIR what the servers, vLLM's IPC sockets and
+#: compile caches, Chromium and other children write), so a run leaves nothing in the system's.
+SYSTEM_TMP = Path(tempfile.gettempdir())
+RUN_TMP = Path(tempfile.mkdtemp(prefix="livesight-tests-"))
+os.environ["TMPDIR"] = str(RUN_TMP)
+tempfile.tempdir = str(RUN_TMP)
+_SYSTEM_TMP_BEFORE = frozenset(p.name for p in SYSTEM_TMP.iterdir())
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = ("core", "session", "socket", "heavy")
@@ -105,6 +116,20 @@ def _selected_by(markexpr: str, tier: str) -> bool | None:
     if not markexpr.strip() or not _TIER_EXPRESSION.match(markexpr):
         return None
     return bool(eval(markexpr, {"__builtins__": {}}, {t: t == tier for t in TIER_MARKERS}))  # noqa: S307 - tokens checked above
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest's temporary directories go in the run's own (unless ``--basetemp`` says otherwise)."""
+    if config.option.basetemp is None:
+        config.option.basetemp = str(RUN_TMP / "pytest")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's temporary directory goes; anything new the run left in the system's is named."""
+    shutil.rmtree(RUN_TMP, ignore_errors=True)
+    left = sorted(p.name for p in SYSTEM_TMP.iterdir() if p.name not in _SYSTEM_TMP_BEFORE)
+    if left:
+        print(f"\nnew in {SYSTEM_TMP} during the run (this run's or another process's): {left[:20]}", file=sys.stderr)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
