@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup venv system-deps serve test test-core bench clean
+.PHONY: setup venv system-deps serve test test-core bench demo-models clean
 
 # Debian packages the test suite drives (a real Chromium for the browser test, docker-compose
 # for the compose files' checks, HAProxy for the routing tests).
@@ -71,6 +71,17 @@ test-core: $(STAMP)
 
 bench: $(STAMP)
 	$(OFFLINE) $(BIN)/livesight bench ttft $(ARGS)
+
+# The colours models livesight ships (server/models/weights/), trained here: a few minutes each,
+# both families side by side. Training is deterministic; the test suite checks that the recipe
+# makes the shipped demo model.
+WEIGHTS := server/models/weights
+demo-models: $(STAMP)
+	rm -rf $(WEIGHTS)/colours-qwen2_5_vl $(WEIGHTS)/colours-idefics3
+	HF_HUB_OFFLINE=1 $(BIN)/livesight make-tiny-model $(WEIGHTS)/colours-qwen2_5_vl --family qwen2_5_vl --task colours & \
+	qwen=$$!; \
+	HF_HUB_OFFLINE=1 $(BIN)/livesight make-tiny-model $(WEIGHTS)/colours-idefics3 --family idefics3 --task colours; \
+	idefics3=$$?; wait $$qwen && test $$idefics3 = 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,5 +1,5 @@
 """The ``livesight`` command: ``serve``, ``make-tiny-model``, ``stream`` and ``bench`` (``ttft``,
-``intake``, ``load``, ``storm``, ``voice``, ``engine``, ``router``, ``fuzz``, ``watch``, ``live``)."""
+``intake``, ``load``, ``storm``, ``voice``, ``engine``, ``router``, ``fuzz``, ``watch``, ``demo``, ``live``)."""
 
 from __future__ import annotations
 
@@ -196,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     p_watch.add_argument("--seconds", type=float, default=20.0, help="how long each phase streams")
     p_watch.add_argument("--rounds", type=int, default=2, help="phases without and with watches, alternating")
 
+    p_demo = bench_sub.add_parser("demo", help="the demo model at the server's defaults: colours named, watch fires")
+    p_demo.add_argument("--model", default=None, help="a colours model (default: the demo model)")
+    p_demo.add_argument("--minutes", type=float, default=3.0, help="how long the session streams (stream time)")
+    p_demo.add_argument("--fps", type=float, default=2.0, help="camera frames per second of stream time")
+    p_demo.add_argument("--scene-s", type=float, default=10.0, help="seconds between the screen's colour changes")
+    p_demo.add_argument("--ask-every-s", type=float, default=3.0, help="seconds between questions")
+    p_demo.add_argument("--speed", type=float, default=1.0, help="send frames this much faster than real time")
+
     p_live = bench_sub.add_parser("live", help="one Gemini Live SDK session for minutes: time to first output, RSS")
     p_live.add_argument("--model", default=None, help="model path or id (default: the tiny random-weight model)")
     p_live.add_argument("--minutes", type=float, default=20.0, help="how long the session streams")
@@ -262,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             from server.bench.watch import run_watch
 
             print(run_watch(args.model, args.sessions, args.watches, args.seconds, args.rounds))
+        elif args.bench == "demo":
+            from server.bench.demo import run_demo
+
+            print(run_demo(args.model, args.minutes, args.fps, args.scene_s, args.ask_every_s, args.speed))
         elif args.bench == "live":
             from server.bench.live import run_live
 

@@ -1,13 +1,16 @@
-"""The colours models (``server.models.colours``), trained once per test run for every test
-that needs a model that sees: a plugin of the root conftest, like tests/real_server.py.
+"""The colours models (``server.models.colours``) for every test that needs a model that sees,
+and the run's reproduction of the demo model's training: a plugin of the root conftest, like
+tests/real_server.py.
 
-Training takes 2-3 minutes a family and uses one thread, so the first test that asks for
-either family starts both trainings at once, each in a process of its own (two cores: about
-the time of one), and waits for the one it asked for; later tests reuse them. The Qwen2.5-VL
-model is trained the way ``livesight serve`` trains its demo model (``resolve_model`` with no
-model, into an empty cache, in a fresh process whose log is kept), so the demo path is what
-the tests run; the Idefics3 one, the family vLLM serves, with ``livesight make-tiny-model
---task colours``.
+The models are the ones livesight ships (``server/models/weights/``, one per family): the
+demo model (Qwen2.5-VL) that ``livesight serve`` serves with no model, and the Idefics3 one,
+the family vLLM serves. A test asking for one fails when it is missing or was written by
+another version of the recipe (write them again with ``make demo-models``).
+
+Training is deterministic, so the run checks that the shipped demo model is what the recipe
+makes: when a test asks for ``demo_training``, the training starts as the run's tests are
+collected, in a process of its own at the lowest CPU priority (one thread: it takes the time
+the other tests leave idle), and that test runs last, when the model is (nearly) trained.
 """
 
 from __future__ import annotations
@@ -21,97 +24,107 @@ from pathlib import Path
 
 import pytest
 
-TRAIN_TIMEOUT_S = 900
-#: The demo path in a process of its own: what ``livesight serve`` does first with no model.
-_DEMO = (
-    "import logging, sys; from pathlib import Path; "
-    "logging.basicConfig(level=logging.WARNING, format='%(message)s'); "
-    "from server.models.demo import resolve_model; from server.settings import Settings; "
-    "print(resolve_model(Settings(cache_dir=Path(sys.argv[1]))))"
-)
+TRAIN_TIMEOUT_S = 1800
+#: The fixture that asks for the run's training of the demo model.
+TRAINING_FIXTURE = "demo_training"
+_TRAINING = pytest.StashKey["DemoTraining"]()
+
+
+@dataclass(frozen=True)
+class ColoursModel:
+    """A shipped colours model: its family and where it is."""
+
+    family: str
+    path: Path
+
+
+class ShippedModels:
+    """The colours models shipped with livesight, checked current when a test asks for one."""
+
+    def get(self, family: str) -> ColoursModel:
+        """The shipped colours model of ``family``; fails the test when it is missing or stale."""
+        from server.models.colours import read_colours_card
+        from server.models.demo import shipped_model_dir
+
+        path = shipped_model_dir(family)
+        card = read_colours_card(path) if path.is_dir() else None
+        if card is None or not card.current:
+            pytest.fail(f"no current {family} colours model at {path}: write it with `make demo-models`")
+        return ColoursModel(family, path)
+
+
+@pytest.fixture(scope="session")
+def colours_models() -> ShippedModels:
+    """The colours models shipped with livesight, of both families."""
+    return ShippedModels()
 
 
 @dataclass(frozen=True)
 class Trained:
-    """A trained colours model: where it is, the seconds training took, what it logged."""
+    """The demo model trained by this run: where, the seconds it took, what it printed."""
 
-    family: str
     path: Path
     train_s: float
     log: str
 
 
-@dataclass
-class _Training:
-    proc: subprocess.Popen
-    log_path: Path
-    started: float
-    path: Path | None  # known in advance (make-tiny-model), else printed by the demo path
-
-
-class ColoursModels:
-    """The run's colours models, trained on first use (both families together)."""
+class DemoTraining:
+    """``livesight make-tiny-model DIR --task colours`` for the demo family, in the background."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self._running: dict[str, _Training] = {}
-        self._trained: dict[str, Trained] = {}
-
-    def cache_dir(self) -> Path:
-        """The empty cache the demo model is trained into (as ``livesight serve`` would)."""
-        return self.root / "cache"
-
-    def get(self, family: str) -> Trained:
-        """The colours model of ``family``, trained now (with the other family beside it) if
-        no test has asked for one yet. Fails the test when training fails."""
-        if not self._running:
-            self._start_all()
-        if family not in self._trained:
-            self._trained[family] = self._wait(family)
-        return self._trained[family]
-
-    def _start_all(self) -> None:
         from server.models.demo import DEMO_FAMILY
-        from server.models.tiny import FAMILIES
 
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        for family in FAMILIES:
-            log_path = self.root / f"train-{family}.log"
-            if family == DEMO_FAMILY:
-                command, path = [sys.executable, "-c", _DEMO, str(self.cache_dir())], None
-            else:
-                path = self.root / family
-                command = [sys.executable, "-m", "server.cli", "make-tiny-model", str(path), "--family", family,
-                           "--task", "colours"]
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-            self._running[family] = _Training(proc, log_path, time.perf_counter(), path)
+        self.path = root / DEMO_FAMILY
+        self.log_path = root / "train.log"
+        command = ["nice", "-n", "19", sys.executable, "-m", "server.cli", "make-tiny-model", str(self.path),
+                   "--family", DEMO_FAMILY, "--task", "colours"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.started = time.perf_counter()
 
-    def _wait(self, family: str) -> Trained:
-        training = self._running[family]
+    def wait(self) -> Trained:
+        """The trained model; fails the test when training fails or takes over ``TRAIN_TIMEOUT_S``."""
         try:
-            code = training.proc.wait(timeout=TRAIN_TIMEOUT_S)
+            code = self.proc.wait(timeout=max(1.0, TRAIN_TIMEOUT_S - (time.perf_counter() - self.started)))
         except subprocess.TimeoutExpired:
-            training.proc.kill()
+            self.close()
             code = None
-        log = training.log_path.read_text(encoding="utf-8", errors="replace")
+        log = self.log_path.read_text(encoding="utf-8", errors="replace")
         if code != 0:
-            pytest.fail(f"training the {family} colours model failed ({code}):\n{log[-3000:]}")
-        seconds = time.perf_counter() - training.started
-        path = training.path or Path(log.strip().splitlines()[-1])
-        return Trained(family, path, seconds, log)
+            pytest.fail(f"training the demo model failed ({code}):\n{log[-3000:]}")
+        return Trained(self.path, time.perf_counter() - self.started, log)
 
     def close(self) -> None:
-        """Stop trainings no test waited for."""
-        for training in self._running.values():
-            if training.proc.poll() is None:
-                training.proc.kill()
-                training.proc.wait()
+        """Stop the training if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """When a selected test asks for the demo model's training, start it now and run that test last."""
+    wanting = [item for item in items if TRAINING_FIXTURE in getattr(item, "fixturenames", ())]
+    if not wanting or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item not in wanting] + wanting
+    root = config._tmp_path_factory.mktemp("demo-training")  # type: ignore[attr-defined]
+    config.stash[_TRAINING] = DemoTraining(root)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A training no test waited for (the run was cut short) is stopped."""
+    training = config.stash.get(_TRAINING, None)
+    if training is not None:
+        training.close()
 
 
 @pytest.fixture(scope="session")
-def colours_models(tmp_path_factory: pytest.TempPathFactory):
-    """The run's colours models of both families, trained when first asked for."""
-    models = ColoursModels(tmp_path_factory.mktemp("colours-models"))
-    yield models
-    models.close()
+def demo_training(pytestconfig: pytest.Config) -> Trained:
+    """The demo model as this run trained it (started at collection, waited for here)."""
+    training = pytestconfig.stash.get(_TRAINING, None)
+    if training is None:  # asked for outside a collected run (a fixture of a fixture): start it now
+        training = DemoTraining(pytestconfig._tmp_path_factory.mktemp("demo-training"))  # type: ignore[attr-defined]
+        pytestconfig.stash[_TRAINING] = training
+    return training.wait()

@@ -49,7 +49,9 @@ TIER_MARKERS = ("core", "session", "socket", "heavy")
 LIGHT_TIERS = frozenset({"core", "session"})
 #: The fixtures of tests/real_server.py, tests/colours_models.py and tests/engines/conftest.py
 #: that generate a model or start a server: never for a core or session test.
-REAL_SERVER_FIXTURES = frozenset({"tiny_model_dir", "server", "idefics3_model_dir", "colours_models"})
+REAL_SERVER_FIXTURES = frozenset(
+    {"tiny_model_dir", "server", "idefics3_model_dir", "colours_models", "demo_training"}
+)
 _ALL_LIGHT = pytest.StashKey[bool]()
 
 #: Each test's tier: the entry for its file, else for the nearest folder above it.
@@ -83,8 +85,9 @@ TIERS: dict[str, str] = {
     "engines/test_engine_router.py": "heavy",  # HAProxy in front of two vLLM servers
     "engines/test_vllm_cpu_defaults.py": "heavy",
     "models": "socket",
-    "models/test_colours.py": "heavy",  # trains the colours model of each family (minutes)
-    "models/test_demo_model.py": "heavy",  # `livesight serve` on the trained demo model
+    "models/test_colours.py": "heavy",  # the shipped colours model of each family, held-out frames
+    "models/test_demo_model.py": "heavy",  # `livesight serve` on the shipped demo model
+    "models/test_demo_training.py": "heavy",  # trains the demo model again (minutes, in the background)
     "speech": "socket",
     "speech/test_speech.py": "core",
     "speech/test_voice_recognisers.py": "heavy",  # recogniser processes killed and replaced

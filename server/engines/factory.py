@@ -7,7 +7,9 @@ from server.settings import Settings
 
 
 def create_engine(settings: Settings) -> Engine:
-    """The engine named by ``settings.engine``, serving ``settings.model`` (or the demo model).
+    """The engine named by ``settings.engine``, serving ``settings.model`` (or the demo model);
+    a model that declares the longest prompt it handles (the demo model's card) gets sessions
+    whose prompts stay within it (``Capabilities.max_images``, which caps ``max_frames``).
 
     Raises ``ValueError`` when the settings cannot make that engine (engine=openai with no URL).
     """
@@ -31,14 +33,19 @@ def create_engine(settings: Settings) -> Engine:
             session_headers=tuple(settings.openai_session_headers),
         )
 
-    from server.models.demo import resolve_model
+    from server.models.demo import declared_prompt_frames, resolve_model
 
+    model = resolve_model(settings)
+    declared = declared_prompt_frames(model)
     if settings.engine == "vllm":
         from server.engines.vllm_engine import VllmEngine
 
+        args = vllm_engine_args(settings)
+        if declared is not None:
+            args["limit_mm_per_prompt"] = {"image": min(declared, settings.max_images_per_prompt)}
         return VllmEngine(
-            resolve_model(settings),
-            engine_args=vllm_engine_args(settings),
+            model,
+            engine_args=args,
             trust_remote_code=settings.trust_remote_code,
             max_image_side=settings.max_image_side,
             max_warmups_per_s=settings.max_warmups_per_s,
@@ -48,7 +55,8 @@ def create_engine(settings: Settings) -> Engine:
     from server.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine(
-        resolve_model(settings),
+        model,
+        max_images=declared,
         device=settings.device,
         dtype=settings.dtype,
         trust_remote_code=settings.trust_remote_code,

@@ -69,8 +69,10 @@ class TransformersEngine(Engine):
         model_nice: int = 0,
         yield_to: Callable[[], bool] | None = None,
         max_yield_ms: float = 0.0,
+        max_images: int | None = None,
     ) -> None:
         self.max_cached_images = max_cached_images
+        self._max_images = max_images  # the most frames a prompt may hold (None: no limit)
         self.model_path = model_path
         self.device = device
         self.dtype = dtype
@@ -86,7 +88,7 @@ class TransformersEngine(Engine):
         self._stop_ids: frozenset[int] = frozenset()
         self._yes_ids = self._no_ids = torch.empty(0, dtype=torch.long)
         self.capabilities = Capabilities(
-            name="transformers", model=model_path, warm_prefix=True, token_probabilities=True
+            name="transformers", model=model_path, warm_prefix=True, token_probabilities=True, max_images=max_images
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -113,7 +115,7 @@ class TransformersEngine(Engine):
         side = model_image_side(processor.image_processor, self._max_image_side)
         self.capabilities = Capabilities(
             name="transformers", model=self.model_path, warm_prefix=True, max_image_side=side,
-            token_probabilities=True,
+            token_probabilities=True, max_images=self._max_images,
         )
         log.info("transformers engine: %s (%s family) on %s", self.model_path, family, self.device)
 

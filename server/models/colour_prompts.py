@@ -4,6 +4,10 @@ An example is a ``Prompt`` built by the session's renderer (``handlers.core.prom
 session ``Frame`` objects: a system prompt (the default or another), sometimes an earlier
 exchange kept as text or an earlier live turn with its frames, then one to four timestamped
 frames (or as many as asked for) and the question. The answer is about the newest frame only.
+
+A stream example (``make_stream_examples``) is a session's prompt at the server's defaults:
+a whole window of one camera's frames (up to the longest prompt the model declares), cut into
+live turns by the questions asked on the way, then the question.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ _SYSTEM_PROMPTS = (
 )
 _FRAME_GAPS_S = (0.25, 0.5, 1.0, 2.0)
 MAX_FRAMES = 4
+_STREAM_ASK_EVERY = (2, 16)  # frames between the questions of a stream example (at least, below)
+_STREAM_RIGHT_ANSWERS = 0.9  # the share of a stream's earlier answers that were right
 
 
 @dataclass(frozen=True)
@@ -175,3 +181,58 @@ def _session_frames(frames: list[ColourFrame], times_s: list[float]) -> list[Fra
               image=FrameImage.decoded(f.pixels))
         for i, (f, t) in enumerate(zip(frames, times_s))
     ]
+
+
+def make_stream_examples(
+    rng: np.random.Generator, streams: list[list[ColourFrame]], family: str, count: int, frames: int
+) -> list[ColourExample]:
+    """``count`` examples shaped like a session's prompt at the server's defaults: a window of
+    ``frames`` consecutive frames of one camera (``streams``: whole recordings, the screen's
+    colour changing now and then) cut into live turns by the questions asked on the way (each
+    answered, mostly right), sometimes after exchanges kept as text, then the question about the
+    newest frame. A third naming, a third yes, a third no, as ``make_examples``."""
+    return [_stream_example(rng, streams, family, ("naming", "yes", "no")[i % 3], frames) for i in range(count)]
+
+
+def _stream_example(
+    rng: np.random.Generator, streams: list[list[ColourFrame]], family: str, kind: str, frames: int
+) -> ColourExample:
+    """One session-shaped example over ``frames`` frames of a stream: questions every
+    ``_STREAM_ASK_EVERY`` frames; each earlier answer right with ``_STREAM_RIGHT_ANSWERS``."""
+    stream = streams[int(rng.integers(len(streams)))]
+    first = int(rng.integers(0, len(stream) - frames + 1))
+    shown = stream[first : first + frames]
+    gap = float(rng.choice(_FRAME_GAPS_S))
+    start = float(rng.uniform(0, 600))
+    session = _session_frames(shown, [start + gap * i for i in range(frames)])
+    turns: list[TimelineTurn] = []
+    cut = 0
+    while True:
+        step = int(rng.integers(*_STREAM_ASK_EVERY))
+        if cut + step >= frames:
+            break
+        seen = shown[cut + step - 1].colour
+        past_kind = str(rng.choice(["naming", "yes", "no"]))
+        question, answer, _ = _question(rng, past_kind, seen)
+        if rng.random() > _STREAM_RIGHT_ANSWERS:  # an answer that was wrong, or about another moment
+            answer = str(rng.choice([*COLOURS] if past_kind == "naming" else ["yes", "no"]))
+        turns.append(TimelineTurn.of(session[cut : cut + step], question, answer_text(answer, family)))
+        cut += step
+    history = []
+    for _ in range(int(rng.integers(0, 4)) if rng.random() < 0.3 else 0):
+        question, answer, _ = _question(rng, str(rng.choice(["naming", "yes", "no"])), str(rng.choice(COLOURS)))
+        history.append(Exchange(question, answer_text(answer, family)))
+    newest = shown[-1].colour
+    question, answer, asked = _question(rng, kind, newest)
+    prompt = render_timeline(
+        system_prompt=_SYSTEM_PROMPTS[int(rng.integers(len(_SYSTEM_PROMPTS)))],
+        history=history,
+        turns=turns,
+        open_frames=session[cut:],
+        origin=Frame(seq=0, key="origin", data=None, receive_ts_ms=0.0, pts_ms=0.0),
+        timestamps=bool(rng.random() < 0.8),
+        question=question,
+    )
+    colours = tuple(f.colour for f in shown)
+    return ColourExample(prompt, answer, "naming" if kind == "naming" else "yes_no", newest, colours, asked)
+

@@ -10,10 +10,12 @@ colour word on, the answer; and an early layer's output (read through the model'
 head) must hold both the colour seen and the colour asked, so both are at hand where the
 answer is computed. With these, yes/no is learned in 200-300 steps.
 
-Short prompts (one to four frames) teach the rule; ``finish`` then keeps it on long ones (6 to
-16 frames, at the frame size the model is served at), where the newest frame is one of many:
-without it, the model trained on short prompts of small frames lost the newest frame's colour
-from about 18 served frames on.
+Short prompts (one to four frames) teach the rule; ``finish`` then keeps it on prompts shaped
+like a session's at the server's defaults (up to a whole window of one camera's frames, with the
+questions and answers asked on the way among them, at the frame size the model is served at),
+where the newest frame is one of many: trained on short prompts alone, the model lost the
+newest frame's colour from about 18 served frames on, and trained on up to 16 it named the
+previous scene's colour or answered nothing on prompts of 3,000 tokens and more.
 
 A batch is right-padded to its longest prompt; its prompts show the same number of frames, so
 they are about as long. Only the answer token and the end of turn after it are scored as the
@@ -32,7 +34,7 @@ from transformers import PreTrainedModel
 
 from server.engines.prompt_encoding import Piece, PromptEncoder
 from server.models.colour_frames import ColourFrame
-from server.models.colour_prompts import COLOUR_OF, MAX_FRAMES, ColourExample, make_examples
+from server.models.colour_prompts import COLOUR_OF, MAX_FRAMES, ColourExample, make_examples, make_stream_examples
 
 TRAIN_STEPS = 400
 BATCH = 16
@@ -42,10 +44,14 @@ ONE_FRAME_STEPS = 60  # the first steps show one frame: the colours are learned 
 AUX_WEIGHT = 1.0  # the signals' losses against the answer's
 LENS_LAYER = 1  # the layer whose output must hold both colours (signals of kinds 2 and 3)
 CHECK_EVERY = 50  # steps between looks at the validation examples (all right: training stops)
-FINISH_STEPS = 40  # then steps on long prompts (``ColourTrainer.finish``)
-FINISH_BATCH = 4
-FINISH_FRAMES = (6, 16)  # frames in a long prompt, the fewest and the most
+FINISH_STEPS = 160  # then steps on session-shaped long prompts (``ColourTrainer.finish``)
+FINISH_LR_DIVISOR = 5  # their learning rate: a tenth kept yes/no but named colours badly past ~30 frames,
+#                        a third named them all but lost yes/no to 0.8
+REPLAY_EVERY = 2  # a step on short prompts after every REPLAY_EVERY-th long one
+FINISH_BATCH_FRAMES = 96  # frames in a step's batch of long prompts (a batch of 6-frame prompts is 16)
+FINISH_FEWEST_FRAMES = 6
 PROGRESS_EVERY_S = 10.0
+ACCURACY_BATCH_FRAMES = 128  # frames in a batch of held-out examples (32 of four frames)
 
 
 class ColourTrainer:
@@ -96,21 +102,33 @@ class ColourTrainer:
         return TRAIN_STEPS
 
     def finish(
-        self, rng: np.random.Generator, clips: list[list[ColourFrame]], family: str, say: Callable[[str], None],
-        started: float,
+        self, rng: np.random.Generator, streams: list[list[ColourFrame]], short: list[list[ColourFrame]], family: str,
+        most_frames: int, say: Callable[[str], None], started: float,
     ) -> None:
-        """``FINISH_STEPS`` more steps on long prompts (``FINISH_FRAMES`` frames) drawn from
-        ``clips``, at a tenth of the learning rate: the short prompts of ``train`` teach the rule,
-        these keep it when the newest frame is one of many (a session's prompt holds up to its
-        whole window), at the frame size the model is served at (the encoder's)."""
-        optimiser = self._optimiser(LEARNING_RATE / 10)
+        """``FINISH_STEPS`` more steps on session-shaped prompts of ``FINISH_FEWEST_FRAMES`` to
+        ``most_frames`` frames drawn from ``streams`` (``make_stream_examples``), at
+        ``1 / FINISH_LR_DIVISOR`` of the learning rate, every ``REPLAY_EVERY``-th followed by a step on
+        short prompts from ``short`` (so the yes/no rule, the most fragile, is kept): the short
+        prompts of ``train`` teach the rule, these keep it where a session's prompt holds its whole
+        window, earlier questions and answers among the frames, at the frame size the model is
+        served at (the encoder's)."""
+        optimiser = self._optimiser(LEARNING_RATE / FINISH_LR_DIVISOR)
         self.model.train()
         losses: list[float] = []
-        for _ in range(FINISH_STEPS):
-            frames = int(rng.integers(FINISH_FRAMES[0], FINISH_FRAMES[1] + 1))
-            losses.append(self._step(optimiser, make_examples(rng, clips, family, FINISH_BATCH, frames=frames)))
-        say(f"livesight: training the colours model ({family}): {FINISH_STEPS} steps on prompts of "
-            f"{FINISH_FRAMES[0]}-{FINISH_FRAMES[1]} frames, loss {np.mean(losses[-10:]):.3f}, "
+        last_report = time.perf_counter()
+        for step in range(1, FINISH_STEPS + 1):
+            frames = int(rng.integers(FINISH_FEWEST_FRAMES, most_frames + 1))
+            batch = max(1, FINISH_BATCH_FRAMES // frames)
+            losses.append(self._step(optimiser, make_stream_examples(rng, streams, family, batch, frames)))
+            if step % REPLAY_EVERY == 0:
+                self._step(optimiser, make_examples(rng, short, family, BATCH))
+            now = time.perf_counter()
+            if now - last_report >= PROGRESS_EVERY_S:
+                last_report = now
+                say(f"livesight: training the colours model ({family}): long prompts, step {step}/{FINISH_STEPS}, "
+                    f"loss {np.mean(losses[-10:]):.3f}, {now - started:.0f} s")
+        say(f"livesight: training the colours model ({family}): {FINISH_STEPS} steps on session prompts of "
+            f"{FINISH_FEWEST_FRAMES}-{most_frames} frames, loss {np.mean(losses[-10:]):.3f}, "
             f"{time.perf_counter() - started:.0f} s")
 
     def _optimiser(self, lr: float) -> torch.optim.Optimizer:
@@ -190,8 +208,7 @@ class ColourTrainer:
         newest frame's) and ``naming`` (the greedy answer is the colour's name, then the end of turn)."""
         self.model.eval()
         right = {"yes_no": [], "naming": []}
-        for start in range(0, len(examples), 32):
-            batch = examples[start : start + 32]
+        for batch in _batches(examples, ACCURACY_BATCH_FRAMES):
             logits = self._logits(batch)
             for ex, row in zip(batch, logits):
                 if ex.kind == "yes_no":
@@ -240,6 +257,19 @@ class ColourTrainer:
         )
         lensed = self.model.get_decoder().norm(out.hidden_states[LENS_LAYER]) if lens else None
         return out.last_hidden_state, lensed, ends
+
+
+def _batches(examples: list[ColourExample], most_frames: int) -> list[list[ColourExample]]:
+    """``examples`` in order, in batches of at most ``most_frames`` frames (one example at least)."""
+    batches: list[list[ColourExample]] = [[]]
+    frames = 0
+    for ex in examples:
+        if batches[-1] and frames + len(ex.frame_colours) > most_frames:
+            batches.append([])
+            frames = 0
+        batches[-1].append(ex)
+        frames += len(ex.frame_colours)
+    return [b for b in batches if b]
 
 
 def _find_last(ids: list[int], sub: list[int]) -> int | None:

@@ -35,14 +35,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from handlers.wire.protocol import SessionConfig
 from server.engines.hf_loading import load_processor, model_family, model_image_side
 from server.engines.prompt_encoding import PromptEncoder
 from server.models.colour_frames import COLOURS, colour_clip
-from server.models.colour_prompts import ColourExample, answer_text, example_sentences, make_examples
+from server.models.colour_prompts import (
+    ColourExample, answer_text, example_sentences, make_examples, make_stream_examples,
+)
 from server.models.colour_training import BATCH, ColourTrainer
 from server.models.tiny import DEMO_MARKER, TinyShape, build_tiny_model, save_tiny_model, write_marker
 
 TASK = "colours"
+#: The recipe's version, in the card: a shipped or cached model of another version is not served.
+VERSION = 5  # 1 random weights; 2 small frames; 3 short prompts; 4 prompts of up to 16 frames
+#: A session's window at the server's defaults (``session.config``'s ``max_frames``).
+DEFAULT_WINDOW = int(SessionConfig.model_fields["max_frames"].default)
 
 # Trained on small images: a Qwen frame is at most 3x4 image tokens (28 px each), an Idefics3
 # frame one 64 px image in 8 px patches, pixel-shuffled to 4x4 tokens. Colour needs no more,
@@ -63,22 +70,41 @@ CHECK_CLIPS = 40
 HELD_OUT_CLIPS = 100
 HELD_OUT_EXAMPLES = 420
 CLIP_FRAMES = 4
-LONG_CLIPS = 40  # clips of LONG_CLIP_FRAMES frames for the long prompts training ends with
-LONG_CLIP_FRAMES = 16
-HELD_OUT_LONG = 120  # held-out examples of LONG_CLIP_FRAMES frames
+#: The longest prompt, in frames, the model is trained on: past a session's window at the server's
+#: defaults (50 frames), up to vLLM's default limit of images per prompt (64).
+TRAINED_PROMPT_FRAMES = 64
+#: The longest prompt it declares (``max_prompt_frames`` in its card), which the engines keep a
+#: session's prompts within: the default window, where its held-out accuracy is measured at 95% or
+#: more (on 64-frame prompts naming falls to about 0.85).
+MAX_PROMPT_FRAMES = DEFAULT_WINDOW
+STREAMS = 40  # recordings of STREAM_FRAMES frames the session-shaped prompts are drawn from
+STREAM_FRAMES = 80
+SCENE_FRAMES = (1, 30)  # how long the screen keeps a colour in a stream, in frames
+HELD_OUT_STREAMS = 16
+SHORT_CLIPS = 80  # clips of CLIP_FRAMES frames at the served size, replayed while training on long prompts
+HELD_OUT_WINDOWS = (16, DEFAULT_WINDOW, TRAINED_PROMPT_FRAMES)  # held-out session prompts of these many frames
+HELD_OUT_PER_WINDOW = 120
 
 
 @dataclass(frozen=True)
 class ColoursCard:
     """What ``livesight_demo.json`` says of a colours model: the single token each answer is
     (``yes``, ``no``, every colour's name) and its accuracy on held-out frames
-    (``yes_no``, ``naming``)."""
+    (``yes_no``, ``naming``, and on session prompts of N frames ``yes_no_N_frames``, ...), and the
+    most frames a prompt of it should hold (``max_prompt_frames``)."""
 
     family: str
     yes_token_id: int
     no_token_id: int
     colour_token_ids: dict[str, int]
     accuracy: dict[str, float]
+    max_prompt_frames: int | None = None  # the longest prompt it was trained on (None: not said)
+    version: int | None = None  # the recipe's (``VERSION``) that wrote it
+
+    @property
+    def current(self) -> bool:
+        """True when this recipe wrote it (``VERSION``): a model of another version is not served."""
+        return self.version == VERSION
 
 
 def read_colours_card(model_dir: Path) -> ColoursCard | None:
@@ -97,6 +123,8 @@ def read_colours_card(model_dir: Path) -> ColoursCard | None:
         return ColoursCard(
             family=marker["family"], yes_token_id=int(tokens["yes"]), no_token_id=int(tokens["no"]),
             colour_token_ids={c: int(tokens[c]) for c in marker["colours"]}, accuracy=dict(marker["accuracy"]),
+            max_prompt_frames=int(marker["max_prompt_frames"]) if "max_prompt_frames" in marker else None,
+            version=int(marker["version"]) if "version" in marker else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"broken colours card in {path}: {exc!r}") from exc
@@ -137,15 +165,17 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
     trained_tokens = _image_tokens(encoder, check)
     save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
     trainer.encoder, side = _encoder(out_dir, model)  # what the engine will load: the served frame size
-    trainer.finish(rng, _clips(rng, LONG_CLIPS, side, LONG_CLIP_FRAMES), family, say, started)
+    short = _clips(rng, SHORT_CLIPS, side)  # the served frame size, for the short prompts the long steps replay
+    trainer.finish(rng, _streams(rng, STREAMS, side), short, family, TRAINED_PROMPT_FRAMES, say, started)
     model.eval()
     save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
     held_rng = np.random.default_rng([seed, 1])  # frames and prompts training never sees
     held_out = make_examples(held_rng, _clips(held_rng, HELD_OUT_CLIPS, side), family, HELD_OUT_EXAMPLES)
     accuracy = trainer.accuracy(held_out)
-    long_clips = _clips(held_rng, HELD_OUT_CLIPS // 4, side, LONG_CLIP_FRAMES)
-    long = trainer.accuracy(make_examples(held_rng, long_clips, family, HELD_OUT_LONG, frames=LONG_CLIP_FRAMES))
-    accuracy.update({f"{kind}_{LONG_CLIP_FRAMES}_frames": value for kind, value in long.items()})
+    streams = _streams(held_rng, HELD_OUT_STREAMS, side)
+    for frames in HELD_OUT_WINDOWS:
+        scores = trainer.accuracy(make_stream_examples(held_rng, streams, family, HELD_OUT_PER_WINDOW, frames))
+        accuracy.update({f"{kind}_{frames}_frames": value for kind, value in scores.items()})
     seconds = time.perf_counter() - started
     say(
         f"livesight: colours model ({family}) trained in {seconds:.0f} s ({steps} steps): "
@@ -154,12 +184,14 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
     write_marker(out_dir, {
         "random_weights": False,
         "task": TASK,
+        "version": VERSION,
         "family": family,
         "seed": seed,
         "colours": list(COLOURS),
         "answer_token_ids": answers,
         "answer_texts": {word: answer_text(word, family) for word in answers},
         "image_tokens_per_frame": _image_tokens(trainer.encoder, held_out),
+        "max_prompt_frames": MAX_PROMPT_FRAMES,
         "accuracy": accuracy,
         "training": {"steps": steps, "batch": BATCH, "seconds": round(seconds, 1), "threads": TRAIN_THREADS,
                      "image_tokens_per_frame": trained_tokens},
@@ -189,6 +221,19 @@ def _clips(rng: np.random.Generator, count: int, side: int, frames: int = CLIP_F
             colours.insert(0, colours[0] if rng.random() < 0.4 else COLOURS[int(rng.integers(len(COLOURS)))])
         clips.append(colour_clip(rng, colours, side))
     return clips
+
+
+def _streams(rng: np.random.Generator, count: int, side: int) -> list[list]:
+    """``count`` recordings of ``STREAM_FRAMES`` frames of one camera each, the screen keeping
+    a colour for ``SCENE_FRAMES`` frames, then changing to another."""
+    streams = []
+    for _ in range(count):
+        colours: list[str] = []
+        while len(colours) < STREAM_FRAMES:
+            colour = str(rng.choice([c for c in COLOURS if not colours or c != colours[-1]]))
+            colours.extend([colour] * int(rng.integers(SCENE_FRAMES[0], SCENE_FRAMES[1] + 1)))
+        streams.append(colour_clip(rng, colours[:STREAM_FRAMES], side))
+    return streams
 
 
 def _answer_ids(tokenizer, family: str) -> dict[str, int]:

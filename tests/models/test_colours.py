@@ -1,8 +1,7 @@
-"""The colours model, trained here, sees: through the real transformers engine it names the
+"""The colours model livesight ships sees: through the real transformers engine it names the
 newest frame's colour and says yes exactly to that colour, on frames it never saw.
 
-The model of each family is trained once per run (tests/colours_models.py, 2-3 minutes on
-two cores). Held-out frames are drawn from seeds training never used, at camera sizes from
+The models are the shipped ones of each family (tests/colours_models.py). Held-out frames are drawn from seeds training never used, at camera sizes from
 160x120 to 1280x720 and portrait, and reach the engine as the server keeps them: the client's
 JPEG, decoded by the engine at the side the engine asks for. Prompts come from the session's
 renderer (``handlers.core.prompt``): the default system prompt, timestamped frames (other
@@ -27,9 +26,11 @@ from server.engines.base import Prompt, Sampling, TextDelta
 from server.engines.transformers_engine import TransformersEngine
 from server.engines.yes_no import answer_token_ids
 from server.models.colour_frames import COLOURS, ColourFrame, ColourScene
-from server.models.colours import COLOURS_SHAPE, read_colours_card
+from server.models.colours import (
+    COLOURS_SHAPE, DEFAULT_WINDOW, MAX_PROMPT_FRAMES, TRAINED_PROMPT_FRAMES, read_colours_card,
+)
 from server.models.tiny import DEMO_MARKER, FAMILIES
-from tests.colours_models import ColoursModels
+from tests.colours_models import ShippedModels
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
 
@@ -38,7 +39,7 @@ HELD_OUT_SEED = 20_261_204  # training draws from seed 0 (its frames) and [0, 1]
 NAMING = ("What colour is the screen?", "What color is it?", "Which colour do you see?")
 GREEDY = Sampling(temperature=0.0, max_tokens=4)
 REQUIRED = 0.95
-LONG_REQUIRED = 0.9
+LONGEST_REQUIRED = 0.8
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +55,15 @@ class Rig:
     family: str
     path: Path
     engine: TransformersEngine
-    train_s: float
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-async def rig(request: pytest.FixtureRequest, colours_models: ColoursModels) -> AsyncIterator[Rig]:
-    """The colours model of each family (trained once per run) behind the real transformers engine."""
-    trained = colours_models.get(request.param)
-    engine = TransformersEngine(str(trained.path))
+async def rig(request: pytest.FixtureRequest, colours_models: ShippedModels) -> AsyncIterator[Rig]:
+    """The shipped colours model of each family behind the real transformers engine."""
+    shipped = colours_models.get(request.param)
+    engine = TransformersEngine(str(shipped.path))
     await engine.start()
-    yield Rig(request.param, trained.path, engine, trained.train_s)
+    yield Rig(request.param, shipped.path, engine)
     await engine.close()
 
 
@@ -114,7 +114,7 @@ async def test_names_the_newest_frames_colour(rig: Rig) -> None:
         said = (await answer(rig.engine, prompt_for(rig, clip, NAMING[index % len(NAMING)]))).strip()
         if said != clip[-1].colour:
             wrong.append(f"{clip[-1].size} {clip[-1].colour} (after {[f.colour for f in clip[:-1]]}): {said!r}")
-    print(f"{rig.family}: trained in {rig.train_s:.0f} s; naming wrong on {len(wrong)}/{len(clips)}")
+    print(f"{rig.family}: naming wrong on {len(wrong)}/{len(clips)}")
     assert len(wrong) <= (1 - REQUIRED) * len(clips), wrong
 
 
@@ -151,22 +151,26 @@ async def test_yes_and_no_are_whole_answers(rig: Rig) -> None:
 
 
 def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
-    """livesight_demo.json says it is the colours model, which single tokens start each answer
-    (among the tokens the engine's check counts as yes and no), held-out accuracies >= 95% (90% on
-    prompts of 16 frames), and
-    the frame sizes it was trained on and is served at (Qwen: a real small model's, ~64 tokens)."""
+    """livesight_demo.json says it is the colours model of this recipe, which single tokens start
+    each answer (among the tokens the engine's check counts as yes and no), held-out accuracies
+    >= 95% on short prompts and on session prompts of up to the longest it declares (the server's
+    default window), 80% on the longest it was trained on, and the frame sizes it was trained on and is served at (Qwen: a
+    real small model's, ~64 tokens)."""
     card = read_colours_card(rig.path)
     marker = json.loads((rig.path / DEMO_MARKER).read_text(encoding="utf-8"))
     tokenizer = rig.engine.encoder.tokenizer
     yes_ids, no_ids = answer_token_ids(tokenizer)
-    assert card is not None and card.family == rig.family and marker["random_weights"] is False
+    assert card is not None and card.current and card.family == rig.family and marker["random_weights"] is False
     assert card.yes_token_id in yes_ids and card.no_token_id in no_ids
     for colour, token in card.colour_token_ids.items():
         assert tokenizer.decode([token]).strip() == colour
     assert set(card.colour_token_ids) == set(COLOURS)
-    assert card.accuracy["yes_no"] >= REQUIRED and card.accuracy["naming"] >= REQUIRED
-    # on prompts of 16 frames (a few dozen examples: a wrong answer is 2-3%)
-    assert card.accuracy["yes_no_16_frames"] >= LONG_REQUIRED and card.accuracy["naming_16_frames"] >= LONG_REQUIRED
+    assert card.max_prompt_frames == MAX_PROMPT_FRAMES == DEFAULT_WINDOW
+    for frames in ("", "_16_frames", f"_{DEFAULT_WINDOW}_frames"):
+        for kind in ("yes_no", "naming"):
+            assert card.accuracy[kind + frames] >= REQUIRED, (kind + frames, card.accuracy)
+    for kind in ("yes_no", "naming"):  # trained on, but not declared: past the default window
+        assert card.accuracy[f"{kind}_{TRAINED_PROMPT_FRAMES}_frames"] >= LONGEST_REQUIRED, card.accuracy
     trained, served = marker["training"]["image_tokens_per_frame"], marker["image_tokens_per_frame"]
     assert 1 <= trained["min"] <= trained["max"] <= 16  # trained on small frames
     if rig.family == "qwen2_5_vl":  # served at a real small model's size: a 320x240 frame is 7x9 tokens

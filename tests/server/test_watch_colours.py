@@ -1,5 +1,5 @@
-"""A watch fires on the right frames, on a model that sees: the colours model (trained once per
-run, tests/colours_models.py) through the real server, on each engine that reads token
+"""A watch fires on the right frames, on a model that sees: the colours model livesight ships
+(tests/colours_models.py) through the real server, on each engine that reads token
 probabilities: transformers, vLLM in the server's process, and engine=openai in front of
 vLLM's own OpenAI server.
 
@@ -32,7 +32,7 @@ from server.background import RunningServer, free_port, run_server, wait_healthy
 from server.bench.engine import vllm_api_server_command
 from server.models.colour_frames import ColourScene
 from server.settings import Settings
-from tests.colours_models import ColoursModels
+from tests.colours_models import ShippedModels
 from tests.engines.test_engine_openai import API_KEY, START_TIMEOUT_S, stop_vllm_server
 from tests.engines.test_engine_vllm import vllm_test_settings
 from tests.protocol_client import Client, b64, connect
@@ -64,7 +64,7 @@ class Served:
 
 
 @pytest.fixture(scope="module", params=["transformers", "vllm", "openai"])
-def served(request: pytest.FixtureRequest, colours_models: ColoursModels,
+def served(request: pytest.FixtureRequest, colours_models: ShippedModels,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """livesight on the Idefics3 colours model behind each engine in turn (one at a time)."""
     model = colours_models.get(FAMILY).path
@@ -146,8 +146,8 @@ async def test_red_fires_twice_on_the_right_frames_and_the_follow_up_is_warm(ser
     """Grey, red, grey, red after the cooldown: two fires, each within two accepted frames of
     its scene's first red frame, none on grey; each fire's answer carries its trigger; the
     question after it ("What colour is the screen?") finds the prompt in the warm prefix. (Its
-    words are printed, not asserted: the model was trained on prompts of up to four frames and
-    this one holds fourteen and two fired answers.)"""
+    words are printed, not asserted: its prompt holds two fired answers, which the model never
+    saw in training.)"""
     watch = {"watch_id": "red", "condition": "Is the screen red?", "cooldown_s": COOLDOWN_S, "report_checks": True}
     client, ready = await connect(served.server, sampling={"max_tokens": 6}, watches=[watch])
     try:
