@@ -16,7 +16,6 @@ import io
 import itertools
 import json
 import re
-import shutil
 import statistics
 import time
 import wave
@@ -37,7 +36,6 @@ from server.background import RunningServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 expect.set_options(timeout=20_000)
-SCREENSHOT_COPY = Path("/tmp/livesight-browser.png")
 CAMERA_SIZE = (320, 240)
 SCREEN_RGB = {"grey": np.array([128, 128, 128]), "red": np.array([205, 30, 30])}
 #: The watch test's camera: (colour, seconds), looped by Chromium.
@@ -358,7 +356,6 @@ def run_page_checks(page: Page, server: RunningServer, wire: list[WireLog], tmp_
     measured["newest_frame_age_ms"] = float(age_text.split()[0])
 
     page.screenshot(path=str(tmp_path / "browser.png"), full_page=True)
-    shutil.copyfile(tmp_path / "browser.png", SCREENSHOT_COPY)
 
     check_audio_player(page)
     check_stop_button(page, wire)
