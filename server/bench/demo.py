@@ -23,7 +23,6 @@ import base64
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import websockets
 
 from handlers.wire.protocol import ResponseDone, ResponseStart, ResponseTextDelta, WatchFired, WatchSpec
@@ -47,13 +46,9 @@ def script(frames: int, fps: float, scene_s: float) -> list[str]:
 
 def clip(colours: list[str], seed: int = 11) -> list[str]:
     """The stream as base64 JPEG at ``CAMERA`` size: one scene whose screen takes ``colours``."""
-    from server.models.colour_frames import ColourScene
+    from server.models.colour_frames import moving_clip
 
-    rng = np.random.default_rng(seed)
-    scene = ColourScene(rng, CAMERA)
-    while len(scene.shapes) < 2 or scene.noise < 6:  # a scene that moves: no frame is filtered out
-        scene = ColourScene(rng, CAMERA)
-    return [base64.b64encode(scene.frame(colour, t, None).jpeg).decode("ascii") for t, colour in enumerate(colours)]
+    return [base64.b64encode(f.jpeg).decode("ascii") for f in moving_clip(colours, CAMERA, seed)]
 
 
 @dataclass

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import numpy as np
 import websockets
 
 from handlers.wire.protocol import (
@@ -96,13 +95,9 @@ def scene_starts(colours: list[str]) -> list[tuple[int, int]]:
 
 def clip_frames(colours: list[str], seed: int = 3) -> list[str]:
     """The clip as base64 JPEG: one scene (its objects move on) whose screen takes ``colours``."""
-    from server.models.colour_frames import ColourScene
+    from server.models.colour_frames import moving_clip
 
-    rng = np.random.default_rng(seed)
-    scene = ColourScene(rng, CAMERA)
-    while len(scene.shapes) < 2 or scene.noise < 6:  # a scene that moves, so no frame is filtered out
-        scene = ColourScene(rng, CAMERA)
-    return [base64.b64encode(scene.frame(colour, t, None).jpeg).decode("ascii") for t, colour in enumerate(colours)]
+    return [base64.b64encode(f.jpeg).decode("ascii") for f in moving_clip(colours, CAMERA, seed)]
 
 
 def watch_specs(count: int) -> list[dict]:

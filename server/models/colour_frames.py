@@ -192,3 +192,13 @@ def colour_clip(
     scene = ColourScene(rng, size)
     start = int(rng.integers(0, 50))
     return [scene.frame(colour, start + i, max_side) for i, colour in enumerate(colours)]
+
+
+def moving_clip(colours: list[str], size: tuple[int, int], seed: int) -> list[ColourFrame]:
+    """A camera's clip at ``size``: one scene with moving objects and noise (so the similarity
+    filter keeps every frame) whose screen takes ``colours``, frame by frame, as a client sends it."""
+    rng = np.random.default_rng(seed)
+    scene = ColourScene(rng, size)
+    while len(scene.shapes) < 2 or scene.noise < 6:
+        scene = ColourScene(rng, size)
+    return [scene.frame(colour, t, None) for t, colour in enumerate(colours)]

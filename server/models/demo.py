@@ -84,7 +84,7 @@ def resolve_model(settings: Settings) -> str:
 
 def declared_prompt_frames(model_path: str) -> int | None:
     """The most frames a prompt of the model at ``model_path`` should hold, where its card says
-    (the colours models: the longest prompt they were trained on); None for any other model."""
+    (the colours models: the longest prompt they are measured right at); None for any other model."""
     path = Path(model_path)
     if not path.is_dir():
         return None
