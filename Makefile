@@ -63,8 +63,11 @@ system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 
+# The whole suite in two worker processes, one per core: each test file is a unit of work
+# (tests/conftest.py orders them, slowest first), the files sharing a vLLM server one unit.
+TEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 test: $(STAMP) system-deps
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(TEST_WORKERS) $(ARGS)
 
 test-core: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m core $(ARGS)

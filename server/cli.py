@@ -99,6 +99,35 @@ def stream(args: argparse.Namespace) -> int:
     return 0 if all(a.status in {"completed", "interrupted"} for a in report.answers) else 1
 
 
+def retrace(model_dir: Path) -> int:
+    """Run ``make-tiny-model DIR --task colours --retrace``: train the recipe of the colours model
+    in ``model_dir`` (its family and seed) as far as its card's fingerprints, in a temporary
+    directory, and compare; returns the exit status (1 when they differ or the card has none)."""
+    import tempfile
+
+    from server.models.colours import read_colours_card, retrace_colours_model
+
+    try:
+        card = read_colours_card(model_dir)
+    except (OSError, ValueError) as exc:
+        print(f"livesight make-tiny-model: cannot read the colours model in {model_dir}: {exc}", file=sys.stderr)
+        return 1
+    if card is None or not card.current or not card.fingerprints:
+        print(f"livesight make-tiny-model: {model_dir} holds no current colours model with fingerprints "
+              "(write it with this version's make-tiny-model --task colours)", file=sys.stderr)
+        return 1
+    expected = card.fingerprints
+    with tempfile.TemporaryDirectory(prefix="livesight-retrace-") as scratch:
+        found = retrace_colours_model(Path(scratch), family=card.family, seed=card.seed)
+    differ = sorted(name for name in expected if found.get(name) != expected[name])
+    if differ:
+        print(f"the recipe does not make the colours model in {model_dir}: its weights differ at {', '.join(differ)}",
+              file=sys.stderr)
+        return 1
+    print(f"the recipe makes the colours model in {model_dir}: its weights match at {', '.join(sorted(expected))}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="livesight", description="live video understanding server")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         "--init-std", type=float, default=None, help="weight init std (0.3 makes a sharp model; --task random only)"
     )
     p_tiny.add_argument("--seed", type=int, default=0, help="the same seed writes the same model")
+    p_tiny.add_argument(
+        "--retrace", action="store_true",
+        help="--task colours: DIR holds a colours model (the shipped ones are in server/models/weights); train its "
+        "recipe again as far as the fingerprints its card records (about a third of the training) and compare: "
+        "exit status 1 when they differ",
+    )
 
     p_bench = sub.add_parser("bench", help="benchmarks that print numbers and ratios")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
@@ -224,8 +259,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.init_std is not None:
             parser.error("--init-std is for --task random")
+        if args.retrace:
+            return retrace(args.dir)
         path = make_colours_model(args.dir, family=args.family, seed=args.seed)
         print(f"wrote a {args.family} colours model to {path}")
+    elif args.command == "make-tiny-model" and args.retrace:
+        parser.error("--retrace is for --task colours")
     elif args.command == "make-tiny-model":
         from server.models.tiny import make_tiny_model
 

@@ -33,7 +33,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # and by the read-ahead budgets (test_intake_faults), which this does not touch.
 os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 
-pytest_plugins = ("tests.real_server", "tests.colours_models")
+# `make test` runs the suite in two worker processes (pytest-xdist: ``-n 2``)
+# on the machine's two cores, so every process of the run computes on one OpenMP thread, unbound:
+# two threads on two busy cores spin instead of working, and vLLM on a CPU binds its worker to
+# core 0 unless told not to (every vLLM of the run would share one core).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+pytest_plugins = ("tests.real_server", "tests.colours_models", "tests.vllm_servers")
 
 #: The run's own temporary directory, removed when the run ends: every temporary file of the run
 #: goes there (pytest's tmp_path, and through TMPDIR what the servers, vLLM's IPC sockets and
@@ -50,9 +57,38 @@ LIGHT_TIERS = frozenset({"core", "session"})
 #: The fixtures of tests/real_server.py, tests/colours_models.py and tests/engines/conftest.py
 #: that generate a model or start a server: never for a core or session test.
 REAL_SERVER_FIXTURES = frozenset(
-    {"tiny_model_dir", "server", "idefics3_model_dir", "colours_models", "demo_training"}
+    {"tiny_model_dir", "server", "idefics3_model_dir", "colours_models", "demo_training", "vllm_servers"}
 )
 _ALL_LIGHT = pytest.StashKey[bool]()
+
+#: The slowest files, slowest first (measured with ``--durations``): under ``make test`` each file
+#: is one unit of work for a worker (its module fixtures start once), handed out in this order
+#: and then in the order collected, so the long ones start first and the two workers end together.
+SLOWEST_FIRST = (
+    "server/test_watch_colours.py",
+    "engines/test_engine_openai.py",
+    "engines/test_engine_router.py",
+    "server/test_fairness.py",
+    "engines/test_engine_check_vllm.py",
+    "models/test_demo_model.py",
+    "server/test_fuzz.py",
+    "engines/test_engine_vllm.py",
+    "realtime/test_realtime.py",
+    "server/test_intake_faults.py",
+    "models/test_colours.py",
+    "engines/test_engine_cache.py",
+    "server/test_gateway_routing.py",
+    "speech/test_voice_recognisers.py",
+    "browser/test_browser.py",
+    "server/test_session_ws.py",
+    "server/test_fresh_boot.py",
+    "realtime/test_sdk_versions.py",
+)
+#: Files whose tests share a server of the run (tests/vllm_servers.py) go to one worker together.
+SHARED_UNITS = {
+    "engines/test_engine_openai.py": "tiny-idefics3",
+    "engines/test_engine_router.py": "tiny-idefics3",
+}
 
 #: Each test's tier: the entry for its file, else for the nearest folder above it.
 TIERS: dict[str, str] = {
@@ -98,12 +134,16 @@ TIERS: dict[str, str] = {
 }
 
 
-def tier_of(path: Path) -> str | None:
-    """The tier of the test file at ``path`` (None: outside ``TIERS``)."""
+def _relative(path: Path) -> str | None:
     try:
-        rel = Path(path).resolve().relative_to(TESTS).as_posix()
+        return Path(path).resolve().relative_to(TESTS).as_posix()
     except ValueError:
         return None
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of the test file at ``path`` (None: outside ``TIERS``)."""
+    rel = _relative(path)
     while rel:
         if rel in TIERS:
             return TIERS[rel]
@@ -127,9 +167,43 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(RUN_TMP / "pytest")
 
 
+def is_worker(config: pytest.Config) -> bool:
+    """Whether this process is one of the run's pytest-xdist workers."""
+    return hasattr(config, "workerinput")
+
+
+def run_root(config: pytest.Config) -> Path:
+    """The temporary directory of the whole run: the process that started the run's (a worker's
+    own lies inside it, as its TMPDIR was the run's when it started)."""
+    return Path(config.workerinput["livesight_run_root"]) if is_worker(config) else RUN_TMP  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist, each test file is one unit of work (``SHARED_UNITS`` joins some), so a
+    file's module fixtures start once; units go out in the order collected (``--no-loadscope-reorder``)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            rel = nodeid.split("::", 1)[0].removeprefix(f"{TESTS.name}/")
+            return SHARED_UNITS.get(rel, rel)
+
+    return FileScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """A worker is told the run's temporary directory."""
+    node.workerinput["livesight_run_root"] = str(RUN_TMP)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(trylast=True)  # after the plugins have stopped what they started
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The run's temporary directory goes; anything new the run left in the system's is named."""
     shutil.rmtree(RUN_TMP, ignore_errors=True)
+    if is_worker(config):
+        return  # its system's is the run's, which the process that started the run removes
     left = sorted(p.name for p in SYSTEM_TMP.iterdir() if p.name not in _SYSTEM_TMP_BEFORE)
     if left:
         print(f"\nnew in {SYSTEM_TMP} during the run (this run's or another process's): {left[:20]}", file=sys.stderr)
@@ -165,6 +239,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
     if problems:
         raise pytest.UsageError("tests without exactly one tier:\n  " + "\n  ".join(problems))
+    rank = {rel: index for index, rel in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_relative(item.path) or "", len(rank)))  # stable: collected order within
     config.stash[_ALL_LIGHT] = bool(items) and all(tier_of(item.path) in LIGHT_TIERS for item in items)
 
 

@@ -103,31 +103,34 @@ class ColourTrainer:
 
     def finish(
         self, rng: np.random.Generator, streams: list[list[ColourFrame]], short: list[list[ColourFrame]], family: str,
-        most_frames: int, say: Callable[[str], None], started: float,
+        most_frames: int, say: Callable[[str], None], started: float, steps: int = FINISH_STEPS,
+        after_step: Callable[[int], None] | None = None,
     ) -> None:
-        """``FINISH_STEPS`` more steps on session-shaped prompts of ``FINISH_FEWEST_FRAMES`` to
+        """``steps`` (``FINISH_STEPS``) more steps on session-shaped prompts of ``FINISH_FEWEST_FRAMES`` to
         ``most_frames`` frames drawn from ``streams`` (``make_stream_examples``), at
         ``1 / FINISH_LR_DIVISOR`` of the learning rate, every ``REPLAY_EVERY``-th followed by a step on
         short prompts from ``short`` (so the yes/no rule, the most fragile, is kept): the short
         prompts of ``train`` teach the rule, these keep it where a session's prompt holds its whole
         window, earlier questions and answers among the frames, at the frame size the model is
-        served at (the encoder's)."""
+        served at (the encoder's). ``after_step`` is called with each step's number once it is taken."""
         optimiser = self._optimiser(LEARNING_RATE / FINISH_LR_DIVISOR)
         self.model.train()
         losses: list[float] = []
         last_report = time.perf_counter()
-        for step in range(1, FINISH_STEPS + 1):
+        for step in range(1, steps + 1):
             frames = int(rng.integers(FINISH_FEWEST_FRAMES, most_frames + 1))
             batch = max(1, FINISH_BATCH_FRAMES // frames)
             losses.append(self._step(optimiser, make_stream_examples(rng, streams, family, batch, frames)))
             if step % REPLAY_EVERY == 0:
                 self._step(optimiser, make_examples(rng, short, family, BATCH))
+            if after_step is not None:
+                after_step(step)
             now = time.perf_counter()
             if now - last_report >= PROGRESS_EVERY_S:
                 last_report = now
-                say(f"livesight: training the colours model ({family}): long prompts, step {step}/{FINISH_STEPS}, "
+                say(f"livesight: training the colours model ({family}): long prompts, step {step}/{steps}, "
                     f"loss {np.mean(losses[-10:]):.3f}, {now - started:.0f} s")
-        say(f"livesight: training the colours model ({family}): {FINISH_STEPS} steps on session prompts of "
+        say(f"livesight: training the colours model ({family}): {steps} steps on session prompts of "
             f"{FINISH_FEWEST_FRAMES}-{most_frames} frames, loss {np.mean(losses[-10:]):.3f}, "
             f"{time.perf_counter() - started:.0f} s")
 

@@ -14,22 +14,26 @@ prompt, earlier turns, one to four timestamped frames, and encoded by the engine
 ``PromptEncoder`` with the processor the model ships, so training sees exactly the tokens,
 positions and pixels inference sees. How it is trained: ``colour_training``. The model is
 saved with a processor that serves frames of a real small model's size (Qwen: about 64 image
-tokens, ``COLOURS_SHAPE``); training ends with a few steps on prompts of 6 to 16 frames at that
-size (a session's prompt holds its whole window: the newest frame is one of many), and the
-accuracy is measured at that size, on prompts of one to four frames and of 16.
+tokens, ``COLOURS_SHAPE``); training ends with steps on session-shaped prompts of 6 to 64 frames
+at that size (a session's prompt holds its whole window: the newest frame is one of many), and
+the accuracy is measured at that size, on prompts of one to four frames and of 16, 50 and 64.
 
 The answer tokens, the accuracy on held-out frames and how the model was trained go into
 ``livesight_demo.json`` (``task: "colours"``); ``read_colours_card`` reads them back.
-Training is deterministic given the seed (on one machine: the thread count is fixed).
+Training is deterministic given the seed (the thread count is fixed), and the card records
+fingerprints of the weights on the way, so ``retrace_colours_model`` shows in a third of the
+time that this recipe makes a given model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +46,7 @@ from server.models.colour_frames import COLOURS, colour_clip
 from server.models.colour_prompts import (
     ColourExample, answer_text, example_sentences, make_examples, make_stream_examples,
 )
-from server.models.colour_training import BATCH, ColourTrainer
+from server.models.colour_training import BATCH, FINISH_STEPS, ColourTrainer
 from server.models.tiny import DEMO_MARKER, TinyShape, build_tiny_model, save_tiny_model, write_marker
 
 TASK = "colours"
@@ -84,6 +88,13 @@ HELD_OUT_STREAMS = 16
 SHORT_CLIPS = 80  # clips of CLIP_FRAMES frames at the served size, replayed while training on long prompts
 HELD_OUT_WINDOWS = (16, DEFAULT_WINDOW, TRAINED_PROMPT_FRAMES)  # held-out session prompts of these many frames
 HELD_OUT_PER_WINDOW = 120
+#: The card records fingerprints of the weights (``weights_fingerprint``) after the short prompts
+#: and this many steps into the session prompts: ``retrace_colours_model`` trains that far again
+#: (``make-tiny-model DIR --task colours --retrace``), a third of the training, to show the recipe
+#: still makes a model.
+RETRACE_FINISH_STEPS = 8
+#: The weights file the card's ``training.weights_sha256`` is of: the trained model, to its end.
+WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ class ColoursCard:
     accuracy: dict[str, float]
     max_prompt_frames: int | None = None  # the longest prompt it was trained on (None: not said)
     version: int | None = None  # the recipe's (``VERSION``) that wrote it
+    seed: int = 0
+    fingerprints: dict[str, str] = field(default_factory=dict)  # the weights' on the way (``RETRACE_FINISH_STEPS``)
 
     @property
     def current(self) -> bool:
@@ -125,6 +138,8 @@ def read_colours_card(model_dir: Path) -> ColoursCard | None:
             colour_token_ids={c: int(tokens[c]) for c in marker["colours"]}, accuracy=dict(marker["accuracy"]),
             max_prompt_frames=int(marker["max_prompt_frames"]) if "max_prompt_frames" in marker else None,
             version=int(marker["version"]) if "version" in marker else None,
+            seed=int(marker.get("seed", 0)),
+            fingerprints={str(k): str(v) for k, v in marker.get("training", {}).get("fingerprints", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"broken colours card in {path}: {exc!r}") from exc
@@ -140,18 +155,71 @@ def make_colours_model(
     """
     say = progress or _stderr
     started = time.perf_counter()
+    with _training_threads(seed):
+        run = _train(Path(out_dir), family, seed, say, started, FINISH_STEPS)
+        _finish_card(Path(out_dir), run, say, started)
+    return Path(out_dir)
+
+
+def retrace_colours_model(
+    out_dir: Path, family: str = "qwen2_5_vl", seed: int = 0, progress: Callable[[str], None] | None = None
+) -> dict[str, str]:
+    """Train ``family``'s colours model again (into ``out_dir``) only as far as its last
+    fingerprint, ``RETRACE_FINISH_STEPS`` steps into its session prompts (about a third of the
+    training), and return its fingerprints: the same as a card's ``training.fingerprints`` when
+    this recipe, run to its end, wrote that model (training is deterministic)."""
+    with _training_threads(seed):
+        run = _train(Path(out_dir), family, seed, progress or _stderr, time.perf_counter(), RETRACE_FINISH_STEPS)
+    return run.fingerprints
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of the file at ``path`` (the card records its weights file's: ``WEIGHTS_FILE``)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of every tensor of ``model``'s state, by name, as its bytes: equal only for
+    bit-identical weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@contextmanager
+def _training_threads(seed: int) -> Iterator[None]:
+    """``TRAIN_THREADS`` torch threads and torch's generator seeded, both restored after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(TRAIN_THREADS)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            result = _make(Path(out_dir), family, seed, say, started)
+            yield
     finally:
         torch.set_num_threads(threads)
-    return result
 
 
-def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], started: float) -> Path:
+@dataclass
+class _Run:
+    """A training run: the model, its trainer, and what the card says of how it went."""
+
+    family: str
+    seed: int
+    model: torch.nn.Module
+    tokenizer: object
+    trainer: ColourTrainer
+    side: int  # the longest frame side worth drawing for the served frame size
+    steps: int
+    trained_tokens: dict[str, int]
+    fingerprints: dict[str, str]
+
+
+def _train(out_dir: Path, family: str, seed: int, say: Callable[[str], None], started: float,
+           finish_steps: int) -> _Run:
+    """The recipe's training, its session-prompt steps stopped after ``finish_steps``; the
+    weights are fingerprinted after the short prompts and ``RETRACE_FINISH_STEPS`` steps after."""
     model, tokenizer = build_tiny_model(family, COLOURS_SHAPE, seed=seed, extra_sentences=example_sentences(seed))
     save_tiny_model(out_dir, family, model, tokenizer, TRAIN_SHAPE)
     encoder, side = _encoder(out_dir, model)  # exactly what the engine would load, at the training size
@@ -162,13 +230,27 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
     check = make_examples(rng, _clips(rng, CHECK_CLIPS, side), family, 160)
     trainer = ColourTrainer(model, encoder, answers, tokenizer.eos_token_id)
     steps = trainer.train(rng, train, family, check, say, started)
+    fingerprints = {"short_prompts": weights_fingerprint(model)}
     trained_tokens = _image_tokens(encoder, check)
     save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
     trainer.encoder, side = _encoder(out_dir, model)  # what the engine will load: the served frame size
     short = _clips(rng, SHORT_CLIPS, side)  # the served frame size, for the short prompts the long steps replay
-    trainer.finish(rng, _streams(rng, STREAMS, side), short, family, TRAINED_PROMPT_FRAMES, say, started)
+
+    def fingerprint(step: int) -> None:
+        if step == RETRACE_FINISH_STEPS:
+            fingerprints[f"session_prompts_{step}_steps"] = weights_fingerprint(model)
+
+    trainer.finish(rng, _streams(rng, STREAMS, side), short, family, TRAINED_PROMPT_FRAMES, say, started,
+                   steps=finish_steps, after_step=fingerprint)
+    return _Run(family, seed, model, tokenizer, trainer, side, steps, trained_tokens, fingerprints)
+
+
+def _finish_card(out_dir: Path, run: _Run, say: Callable[[str], None], started: float) -> None:
+    """Save the trained model, measure it on held-out prompts and write its card."""
+    family, seed, model, trainer = run.family, run.seed, run.model, run.trainer
     model.eval()
-    save_tiny_model(out_dir, family, model, tokenizer, COLOURS_SHAPE)
+    save_tiny_model(out_dir, family, model, run.tokenizer, COLOURS_SHAPE)
+    side = run.side
     held_rng = np.random.default_rng([seed, 1])  # frames and prompts training never sees
     held_out = make_examples(held_rng, _clips(held_rng, HELD_OUT_CLIPS, side), family, HELD_OUT_EXAMPLES)
     accuracy = trainer.accuracy(held_out)
@@ -178,7 +260,7 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
         accuracy.update({f"{kind}_{frames}_frames": value for kind, value in scores.items()})
     seconds = time.perf_counter() - started
     say(
-        f"livesight: colours model ({family}) trained in {seconds:.0f} s ({steps} steps): "
+        f"livesight: colours model ({family}) trained in {seconds:.0f} s ({run.steps} steps): "
         f"held-out yes/no accuracy {accuracy['yes_no']:.3f}, naming accuracy {accuracy['naming']:.3f}"
     )
     write_marker(out_dir, {
@@ -188,20 +270,20 @@ def _make(out_dir: Path, family: str, seed: int, say: Callable[[str], None], sta
         "family": family,
         "seed": seed,
         "colours": list(COLOURS),
-        "answer_token_ids": answers,
-        "answer_texts": {word: answer_text(word, family) for word in answers},
+        "answer_token_ids": trainer.answers,
+        "answer_texts": {word: answer_text(word, family) for word in trainer.answers},
         "image_tokens_per_frame": _image_tokens(trainer.encoder, held_out),
         "max_prompt_frames": MAX_PROMPT_FRAMES,
         "accuracy": accuracy,
-        "training": {"steps": steps, "batch": BATCH, "seconds": round(seconds, 1), "threads": TRAIN_THREADS,
-                     "image_tokens_per_frame": trained_tokens},
+        "training": {"steps": run.steps, "batch": BATCH, "seconds": round(seconds, 1), "threads": TRAIN_THREADS,
+                     "image_tokens_per_frame": run.trained_tokens, "fingerprints": run.fingerprints,
+                     "weights_sha256": file_sha256(out_dir / WEIGHTS_FILE)},
         "note": (
             "Tiny model generated and trained by livesight for demos and tests: it answers yes/no to "
             "'Is the screen <colour>?' (read P(yes) from answer_token_ids) and names the screen's colour "
             "(What colour is the screen?) for the newest frame; anything else gets noise."
         ),
     })
-    return out_dir
 
 
 def _encoder(model_dir: Path, model: torch.nn.Module) -> tuple[PromptEncoder, int]:

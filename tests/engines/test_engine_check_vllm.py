@@ -2,8 +2,9 @@
 (engine=openai), on the tiny yes/no Idefics3 (``yes_no_model``), against the transformers engine
 on the same model.
 
-One vLLM start per engine: each class owns its engine for its tests and stops it before the
-next class starts its own (30-60 s each on these machines). Every test draws frames of its own
+One vLLM per engine: the in-process one is the class's, started for its tests and stopped
+after them (30-60 s on these machines); the OpenAI server is the run's ``yes-no-idefics3``
+(tests/vllm_servers.py), started while the run's first tests run. Every test draws frames of its own
 seeds, so no test finds another's frames in vLLM's prefix cache. The yes/no model puts all its
 yes and no tokens at the top of every distribution, so the remote engine's top-20 reading must
 agree with the exact ones too. Both vLLMs run the model in float32, as transformers does: on a
@@ -14,10 +15,8 @@ model's large logits (steps of 0.25) moved a probability from 0.28 to 0.54.
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,26 +24,22 @@ import anyio
 import pytest
 
 from handlers.media.decoder import decode_image
-from server.background import free_port, wait_healthy
-from server.bench.engine import vllm_api_server_command
 from server.engines.base import CheckResult, Engine, ImageSegment, Prompt
 from server.engines.factory import vllm_engine_args
 from server.engines.openai import OpenAIEngine
 from server.engines.transformers_engine import TransformersEngine
 from server.engines.vllm_engine import VllmEngine
 from tests.engines.test_engine_cache import Shot, prompt_for
-from tests.engines.test_engine_openai import API_KEY, START_TIMEOUT_S, stop_vllm_server
 from tests.engines.test_engine_vllm import vllm_test_settings
-from tests.engines.yes_no_model import make_yes_no_model
 from tests.protocol_client import jpeg_frame
+from tests.vllm_servers import API_KEY, VllmServers
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm_servers("yes-no-idefics3")]
 
 RED = "Is the screen red? Answer yes or no."
 DOOR = "Is someone at the door? Answer yes or no."
 AGREEMENT = 0.02
 BLOCK = 128  # vLLM's CPU prefix cache hits come in whole blocks
-MiB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +49,10 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def yes_no_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny yes/no Idefics3 (the family vLLM serves natively)."""
-    return make_yes_no_model(tmp_path_factory.mktemp("yes-no-idefics3"), "idefics3")
+def yes_no_idefics3(vllm_servers: VllmServers) -> Path:
+    """The tiny yes/no Idefics3 (the family vLLM serves natively): the model of the run's
+    ``yes-no-idefics3`` server."""
+    return vllm_servers.model("yes-no-idefics3")
 
 
 @pytest.fixture(scope="module")
@@ -186,21 +182,9 @@ class TestRemote:
     """engine=openai in front of vLLM's own OpenAI server, reading the top-20 log probabilities."""
 
     @pytest.fixture(scope="class")
-    def server_url(self, yes_no_idefics3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-        """vLLM's OpenAI-compatible server on the yes/no model (stopped when the class is done)."""
-        port = free_port()
-        log_path = tmp_path_factory.mktemp("vllm-check") / "server.log"
-        command = vllm_api_server_command(
-            yes_no_idefics3, port, max_model_len=4096, max_images=8, kv_cache_bytes=256 * MiB, api_key=API_KEY
-        )
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([*command, "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
-        try:
-            wait_healthy(f"http://127.0.0.1:{port}/health", proc, START_TIMEOUT_S, log_path)
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            stop_vllm_server(proc)
+    def server_url(self, vllm_servers: VllmServers) -> str:
+        """vLLM's OpenAI-compatible server on the yes/no model, in float32: the run's."""
+        return vllm_servers.server("yes-no-idefics3").url + "/v1"
 
     @pytest.fixture(scope="class")
     async def engine(self, server_url: str) -> AsyncIterator[OpenAIEngine]:

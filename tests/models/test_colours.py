@@ -150,7 +150,7 @@ async def test_yes_and_no_are_whole_answers(rig: Rig) -> None:
     assert sum(got == expected for got, expected in said) >= REQUIRED * len(said), said
 
 
-def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
+async def test_card_records_the_answer_tokens_and_accuracy(rig: Rig) -> None:
     """livesight_demo.json says it is the colours model of this recipe, which single tokens start
     each answer (among the tokens the engine's check counts as yes and no), held-out accuracies
     >= 95% on short prompts and on session prompts of up to the longest it declares (the server's

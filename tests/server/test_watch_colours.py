@@ -1,7 +1,7 @@
 """A watch fires on the right frames, on a model that sees: the colours model livesight ships
 (tests/colours_models.py) through the real server, on each engine that reads token
 probabilities: transformers, vLLM in the server's process, and engine=openai in front of
-vLLM's own OpenAI server.
+vLLM's own OpenAI server (the run's ``colours-idefics3``, tests/vllm_servers.py).
 
 One watch, "Is the screen red?", over a camera looking at a screen that is grey, then red,
 then grey, then red again after the watch's cooldown: exactly two fires, each within two
@@ -17,8 +17,6 @@ the follow-up's cached share is asked of its whole blocks.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,16 +26,15 @@ import anyio
 import numpy as np
 import pytest
 
-from server.background import RunningServer, free_port, run_server, wait_healthy
-from server.bench.engine import vllm_api_server_command
+from server.background import RunningServer, run_server
 from server.models.colour_frames import ColourScene
 from server.settings import Settings
 from tests.colours_models import ShippedModels
-from tests.engines.test_engine_openai import API_KEY, START_TIMEOUT_S, stop_vllm_server
 from tests.engines.test_engine_vllm import vllm_test_settings
 from tests.protocol_client import Client, b64, connect
+from tests.vllm_servers import API_KEY
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900), pytest.mark.vllm_servers("colours-idefics3")]
 
 FAMILY = "idefics3"  # the family vLLM serves natively
 COOLDOWN_S = 2.0
@@ -46,7 +43,6 @@ SECOND_RED = 11  # the first frame of the second red scene, sent once the cooldo
 QUIET_S = 0.5
 WITHIN = 2  # a fire comes within this many accepted frames of its scene's first frame
 BLOCK = 128
-MiB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +60,7 @@ class Served:
 
 
 @pytest.fixture(scope="module", params=["transformers", "vllm", "openai"])
-def served(request: pytest.FixtureRequest, colours_models: ShippedModels,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(request: pytest.FixtureRequest, colours_models: ShippedModels) -> Iterator[Served]:
     """livesight on the Idefics3 colours model behind each engine in turn (one at a time)."""
     model = colours_models.get(FAMILY).path
     if request.param == "transformers":
@@ -77,21 +72,11 @@ def served(request: pytest.FixtureRequest, colours_models: ShippedModels,
         with run_server(vllm_test_settings(model, dtype="float32", resume_grace_s=0)) as running:
             yield Served("vllm", running)
     else:
-        port = free_port()
-        log_path = tmp_path_factory.mktemp("vllm-colours") / "server.log"
-        command = vllm_api_server_command(model, port, max_model_len=4096, max_images=8, kv_cache_bytes=256 * MiB,
-                                          api_key=API_KEY)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([*command, "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
-        try:
-            wait_healthy(f"http://127.0.0.1:{port}/health", proc, START_TIMEOUT_S, log_path)
-            settings = Settings(engine="openai", openai_urls=f"http://127.0.0.1:{port}/v1", openai_api_key=API_KEY,
-                                max_images_per_prompt=8, resume_grace_s=0)
-            with run_server(settings) as running:
-                yield Served("openai", running)
-        finally:
-            stop_vllm_server(proc)
+        vllm = request.getfixturevalue("vllm_servers").server("colours-idefics3")
+        settings = Settings(engine="openai", openai_urls=f"{vllm.url}/v1", openai_api_key=API_KEY,
+                            max_images_per_prompt=8, resume_grace_s=0)
+        with run_server(settings) as running:
+            yield Served("openai", running)
 
 
 @dataclass
