@@ -164,6 +164,7 @@ async def test_frames_pinned_by_answer_survive_eviction() -> None:
 async def test_session_end_leaves_nothing_behind() -> None:
     """After a hang-up mid-answer, the engine request is aborted and no frame stays alive."""
     engine = ScriptedEngine(words=["y "] * 100, step_s=0.02)
+    before = live_frame_count()  # other tests' in this process (a worker runs several files)
 
     async def body(t: MemoryTransport, s: Session) -> None:
         await _frames(t, 3)
@@ -175,7 +176,7 @@ async def test_session_end_leaves_nothing_behind() -> None:
     import gc
 
     gc.collect()
-    assert live_frame_count() == 0
+    assert live_frame_count() <= before
 
 
 async def test_drain_deadline_interrupts_a_long_answer_and_closes_1012() -> None:
