@@ -73,7 +73,7 @@ SLOWEST_FIRST = (
     "models/test_demo_model.py",
     "server/test_fuzz.py",
     "engines/test_engine_vllm.py",
-    "realtime/test_realtime.py",
+    "socket/realtime/test_realtime.py",
     "server/test_intake_faults.py",
     "models/test_colours.py",
     "engines/test_engine_cache.py",
@@ -82,7 +82,7 @@ SLOWEST_FIRST = (
     "browser/test_browser.py",
     "server/test_session_ws.py",
     "server/test_fresh_boot.py",
-    "realtime/test_sdk_versions.py",
+    "heavy/realtime/test_sdk_versions.py",
 )
 #: Files whose tests share a server of the run (tests/vllm_servers.py) go to one worker together.
 SHARED_UNITS = {
@@ -99,10 +99,8 @@ TIERS: dict[str, str] = {
     "session": "session",
     "session/test_intake.py": "core",  # budgets, admission, the decode pool: no session at all
     "session/test_resume.py": "socket",
-    "realtime": "socket",
-    "realtime/test_sdk_versions.py": "heavy",  # a virtual environment with openai 2.54 installed
-    "live": "socket",
-    "live/test_live_codec.py": "core",
+    "socket": "socket",
+    "heavy": "heavy",
     "server": "socket",
     "server/test_docs.py": "core",
     "server/test_memory.py": "core",

@@ -10,7 +10,7 @@ from google.genai import errors, types
 from websockets.exceptions import ConnectionClosed
 
 from server.background import RunningServer
-from tests.live.sdk import live_session, text_of, usage_of
+from tests.socket.live.sdk import live_session, text_of, usage_of
 from tests.protocol_client import jpeg_frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("trust_live_tls")]

@@ -14,7 +14,7 @@ from google import genai
 from google.genai import types
 
 from server.background import ServerAddress
-from tests.live.conftest import API_KEY
+from tests.socket.live.conftest import API_KEY
 
 
 def live_client(server: ServerAddress, api_version: str = "v1beta", api_key: str = API_KEY) -> genai.Client:

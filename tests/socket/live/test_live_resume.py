@@ -16,8 +16,8 @@ import pytest
 from google.genai import errors, types
 
 from server.background import RunningServer, ServedProcess, serve_process
-from tests.live.conftest import API_KEY, OTHER_KEY
-from tests.live.sdk import live_session, text_of, usage_of
+from tests.socket.live.conftest import API_KEY, OTHER_KEY
+from tests.socket.live.sdk import live_session, text_of, usage_of
 from tests.protocol_client import jpeg_frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("trust_live_tls")]
@@ -103,7 +103,7 @@ async def test_a_wrong_handle_is_refused(live_server: RunningServer) -> None:
 @pytest.fixture
 def served_tls(tiny_model_dir: Path, live_tls: tuple[Path, Path], tmp_path: Path) -> Iterator[ServedProcess]:
     """`livesight serve` over TLS in its own process, for SIGTERM."""
-    from tests.live.conftest import KEY_PASSWORD
+    from tests.socket.live.conftest import KEY_PASSWORD
 
     cert, key = live_tls
     args = ["--model", str(tiny_model_dir), "--drain-timeout-s", str(DRAIN_S), "--ssl-certfile", str(cert),

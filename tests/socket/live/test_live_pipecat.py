@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from server.background import RunningServer
-from tests.live.conftest import API_KEY
+from tests.socket.live.conftest import API_KEY
 
 from google.genai.types import HttpOptions
 from pipecat.frames.frames import ErrorFrame, LLMContextFrame, LLMFullResponseEndFrame, LLMTextFrame
@@ -19,7 +19,7 @@ from pipecat.pipeline.task import PipelineParams, PipelineTask
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.services.google.gemini_live.llm import GeminiLiveLLMService, GeminiModalities
 
-from tests.realtime.test_pipecat import Collector, image_frame  # the same pipeline end, camera frames
+from tests.socket.realtime.test_pipecat import Collector, image_frame  # the same pipeline end, camera frames
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("trust_live_tls")]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from server.background import RunningServer
-from tests.realtime.test_realtime import kinds, realtime
+from tests.socket.realtime.test_realtime import kinds, realtime
 
 pytestmark = pytest.mark.anyio
 

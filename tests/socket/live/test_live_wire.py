@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from server.app import LIVE_PATHS
 from server.background import RunningServer
-from tests.live.conftest import API_KEY
+from tests.socket.live.conftest import API_KEY
 from tests.protocol_client import jpeg_frame
 
 pytestmark = pytest.mark.anyio

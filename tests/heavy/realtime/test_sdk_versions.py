@@ -1,5 +1,5 @@
 """Every /v1/realtime server event parses in the typed models of both openai SDKs livesight
-follows: 2.54 (in a virtual environment of its own, installed from tests/realtime/openai-2.txt,
+follows: 2.54 (in a virtual environment of its own, installed from tests/heavy/realtime/openai-2.txt,
 since livekit-agents needs openai>=3.19) and the 3.x of the project's environment. The same
 conversation script (sdk_events.py) runs under each against the real server."""
 

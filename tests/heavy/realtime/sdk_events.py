@@ -2,7 +2,7 @@
 server event parses strictly into that SDK's own typed models.
 
 Run as ``python sdk_events.py BASE_URL IMAGE...`` (JPEG files) in a virtual environment that
-has only the SDK (tests/realtime/openai-2.txt pins the oldest one livesight follows); it imports
+has only the SDK (tests/heavy/realtime/openai-2.txt pins the oldest one livesight follows); it imports
 nothing of livesight. It prints one JSON line (the SDK's version and the event types seen) and
 exits 1 at the first event the SDK cannot type, or any ``error`` it was not asked to cause.
 """

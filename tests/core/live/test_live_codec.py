@@ -219,7 +219,7 @@ def test_the_doc_names_every_field_both_ways() -> None:
 
     from handlers.live import messages as live
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "gemini-live.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "gemini-live.md").read_text()
     models = [live.Setup, live.GenerationConfig, live.RealtimeInputConfig, live.AutomaticActivityDetection,
               live.SessionResumptionConfig, live.RealtimeInput, live.ClientContent, live.ClientMessage,
               live.ServerMessage, live.ServerContent, live.UsageMetadata, live.SessionResumptionUpdate, live.GoAway]

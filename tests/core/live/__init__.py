@@ -1,0 +1,1 @@
+"""Tests of handlers/live with no socket: the Gemini Live codec, bytes in, events out."""

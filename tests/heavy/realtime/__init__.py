@@ -1,0 +1,1 @@
+"""Tests of handlers/realtime that need more than the socket tier: other versions of the openai SDK."""
