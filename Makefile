@@ -1,5 +1,5 @@
 # The two commands of the README: `make serve` and `make test` (everything).
-# `make test-core`: the core tier alone (tests/conftest.py names the tiers): no torch, no model.
+# `make test-core`: the core tier alone (tests/core: a test's folder is its tier): no torch, no model.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -1,1 +1,1 @@
-"""The livesight test suite: folders mirror the source, markers name the tier (see conftest.py)."""
+"""The livesight test suite: the first folder is the tier (core, session, socket, heavy), the folders under it mirror the source (see conftest.py)."""

@@ -1,7 +1,6 @@
 """The suite's tiers and what every test shares; nothing heavy is imported here.
 
-Folders mirror the source (tests/core tests handlers/core, tests/engines server/engines, ...);
-a test's tier comes from its path, through ``TIERS`` below, never from a marker in its file:
+A test's folder is its tier: the first folder under tests/ names it, never a marker in the file.
 
     core     pure code driven by calls and events: no socket, no engine, no torch, seconds
     session  the session adapter with a scripted engine over an in-memory transport
@@ -9,6 +8,11 @@ a test's tier comes from its path, through ``TIERS`` below, never from a marker 
              generated tiny model, a `livesight serve` child)
     heavy    vLLM, Chromium, Debian tools (docker-compose, unshare), load and fuzz runs,
              anything over ~20 s
+
+Under a tier, folders mirror the source (tests/heavy/engines tests server/engines on vLLM,
+tests/socket/realtime handlers/realtime through the real app); a tier's namesake sits at its root
+(tests/core/test_*.py test handlers/core, tests/session/test_*.py the session adapter). A test
+that needs more than its folder's tier moves to that tier's folder of the same area.
 
 ``pytest -m core`` (``make test-core``) imports no torch and generates no model: the files of
 other tiers are not even imported when ``-m`` names only tiers, and a run of only core and
@@ -54,7 +58,7 @@ _SYSTEM_TMP_BEFORE = frozenset(p.name for p in SYSTEM_TMP.iterdir())
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = ("core", "session", "socket", "heavy")
 LIGHT_TIERS = frozenset({"core", "session"})
-#: The fixtures of tests/real_server.py, tests/colours_models.py and tests/engines/conftest.py
+#: The fixtures of tests/real_server.py, tests/colours_models.py and tests/heavy/engines/conftest.py
 #: that generate a model or start a server: never for a core or session test.
 REAL_SERVER_FIXTURES = frozenset(
     {"tiny_model_dir", "server", "idefics3_model_dir", "colours_models", "demo_training", "vllm_servers"}
@@ -65,72 +69,30 @@ _ALL_LIGHT = pytest.StashKey[bool]()
 #: is one unit of work for a worker (its module fixtures start once), handed out in this order
 #: and then in the order collected, so the long ones start first and the two workers end together.
 SLOWEST_FIRST = (
-    "server/test_watch_colours.py",
-    "engines/test_engine_openai.py",
-    "engines/test_engine_router.py",
-    "server/test_fairness.py",
-    "engines/test_engine_check_vllm.py",
-    "models/test_demo_model.py",
-    "server/test_fuzz.py",
-    "engines/test_engine_vllm.py",
+    "heavy/server/test_watch_colours.py",
+    "heavy/engines/test_engine_openai.py",
+    "heavy/engines/test_engine_router.py",
+    "heavy/server/test_fairness.py",
+    "heavy/engines/test_engine_check_vllm.py",
+    "heavy/models/test_demo_model.py",
+    "heavy/server/test_fuzz.py",
+    "heavy/engines/test_engine_vllm.py",
     "socket/realtime/test_realtime.py",
-    "server/test_intake_faults.py",
-    "models/test_colours.py",
-    "engines/test_engine_cache.py",
-    "server/test_gateway_routing.py",
-    "speech/test_voice_recognisers.py",
-    "browser/test_browser.py",
-    "server/test_session_ws.py",
-    "server/test_fresh_boot.py",
+    "heavy/server/test_intake_faults.py",
+    "heavy/models/test_colours.py",
+    "socket/engines/test_engine_cache.py",
+    "heavy/server/test_gateway_routing.py",
+    "heavy/speech/test_voice_recognisers.py",
+    "heavy/browser/test_browser.py",
+    "socket/server/test_session_ws.py",
+    "heavy/server/test_fresh_boot.py",
     "heavy/realtime/test_sdk_versions.py",
 )
 #: Files whose tests share a server of the run (tests/vllm_servers.py) go to one worker together.
 SHARED_UNITS = {
-    "engines/test_engine_openai.py": "tiny-idefics3",
-    "engines/test_engine_router.py": "tiny-idefics3",
+    "heavy/engines/test_engine_openai.py": "tiny-idefics3",
+    "heavy/engines/test_engine_router.py": "tiny-idefics3",
 }
-
-#: Each test's tier: the entry for its file, else for the nearest folder above it.
-TIERS: dict[str, str] = {
-    "test_layers.py": "core",
-    "test_docstrings.py": "core",
-    "core": "core",
-    "media": "core",
-    "session": "session",
-    "session/test_intake.py": "core",  # budgets, admission, the decode pool: no session at all
-    "session/test_resume.py": "socket",
-    "socket": "socket",
-    "heavy": "heavy",
-    "server": "socket",
-    "server/test_docs.py": "core",
-    "server/test_memory.py": "core",
-    "server/test_fuzz.py": "heavy",
-    "server/test_intake_faults.py": "heavy",  # floods, 64 sessions, rounds of RSS
-    "server/test_fresh_boot.py": "heavy",  # unshare and a pytest child
-    "server/test_fairness.py": "heavy",  # busy cores, floods
-    "server/test_watch_colours.py": "heavy",  # the trained colours model on three engines, vLLM
-    "server/test_gateway_routing.py": "heavy",  # HAProxy in front of two `livesight serve`
-    "engines": "socket",
-    "engines/test_model_thread.py": "core",
-    "engines/test_detokenizer.py": "core",
-    "engines/test_engine_vllm.py": "heavy",
-    "engines/test_engine_openai.py": "heavy",
-    "engines/test_engine_check_vllm.py": "heavy",  # vLLM in process and behind its OpenAI server
-    "engines/test_engine_router.py": "heavy",  # HAProxy in front of two vLLM servers
-    "engines/test_vllm_cpu_defaults.py": "heavy",
-    "models": "socket",
-    "models/test_colours.py": "heavy",  # the shipped colours model of each family, held-out frames
-    "models/test_demo_model.py": "heavy",  # `livesight serve` on the shipped demo model
-    "models/test_demo_training.py": "heavy",  # trains the demo model again (minutes, in the background)
-    "speech": "socket",
-    "speech/test_speech.py": "core",
-    "speech/test_voice_recognisers.py": "heavy",  # recogniser processes killed and replaced
-    "client": "socket",
-    "client/test_connection.py": "core",
-    "browser": "heavy",
-    "docker": "heavy",
-}
-
 
 def _relative(path: Path) -> str | None:
     try:
@@ -140,13 +102,12 @@ def _relative(path: Path) -> str | None:
 
 
 def tier_of(path: Path) -> str | None:
-    """The tier of the test file at ``path`` (None: outside ``TIERS``)."""
+    """The tier of the test file at ``path``: the first folder under tests/ (None: outside one)."""
     rel = _relative(path)
-    while rel:
-        if rel in TIERS:
-            return TIERS[rel]
-        rel = rel.rpartition("/")[0]
-    return None
+    if rel is None or "/" not in rel:
+        return None
+    first = rel.split("/", 1)[0]
+    return first if first in TIER_MARKERS else None
 
 
 _TIER_EXPRESSION = re.compile(r"^(\s|\(|\)|\band\b|\bor\b|\bnot\b|" + "|".join(rf"\b{t}\b" for t in TIER_MARKERS) + r")*$")
@@ -208,10 +169,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Under ``-m`` with tiers only, files of the other tiers are not imported at all."""
-    if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+    """Under ``-m`` with tiers only, the folders of the other tiers are not entered at all (their
+    conftests and test files are never imported)."""
+    if collection_path.resolve().parent == TESTS and collection_path.name in TIER_MARKERS:
+        tier: str | None = collection_path.name
+    elif collection_path.name.startswith("test_") and collection_path.suffix == ".py":
+        tier = tier_of(collection_path)
+    else:
         return None
-    tier = tier_of(collection_path)
     if tier is None:
         return None  # collected, and refused below
     if _selected_by(config.option.markexpr or "", tier) is False:
@@ -221,17 +186,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers given here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give each test its tier; refuse one outside ``TIERS``, with a tier marker of its own, or
+    """Give each test its tier; refuse one outside the tier folders, with a tier marker of its own, or
     of a light tier asking for a real server."""
     problems = []
     for item in items:
         tier = tier_of(item.path)
         own = [m.name for m in item.iter_markers() if m.name in TIER_MARKERS]
         if tier is None:
-            problems.append(f"{item.nodeid}: no tier (add its file or folder to TIERS in tests/conftest.py)")
+            problems.append(f"{item.nodeid}: no tier (put its file under tests/core, tests/session, tests/socket or tests/heavy)")
             continue
         if own:
-            problems.append(f"{item.nodeid}: marked {own} in its file; its tier comes from TIERS ({tier})")
+            problems.append(f"{item.nodeid}: marked {own} in its file; its tier comes from its folder ({tier})")
         if tier in LIGHT_TIERS and REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             problems.append(f"{item.nodeid}: a {tier} test asks for a real server or model")
         item.add_marker(getattr(pytest.mark, tier))

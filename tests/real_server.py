@@ -34,7 +34,7 @@ def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     from server.settings import Settings
 
     # No resume here: a test that drops a connection must not leave a parked session (and its
-    # frames) behind for the next test's leak checks; tests/session/test_resume.py has its own.
+    # frames) behind for the next test's leak checks; tests/socket/session/test_resume.py has its own.
     settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0)
     with run_server(settings) as running:
         yield running

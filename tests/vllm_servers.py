@@ -60,7 +60,7 @@ class Spec:
 
 #: The servers tests may ask for, by name.
 SERVERS: dict[str, Spec] = {
-    # the tiny Idefics3 (tests/engines/conftest.py's idefics3_model_dir): engine=openai, and two
+    # the tiny Idefics3 (tests/heavy/engines/conftest.py's idefics3_model_dir): engine=openai, and two
     # replicas behind HAProxy
     "tiny-idefics3": Spec(
         write=_generated("from server.models.tiny import make_tiny_model; make_tiny_model(out, family='idefics3')"),
@@ -68,7 +68,7 @@ SERVERS: dict[str, Spec] = {
     ),
     # the yes/no Idefics3 of the check tests, in float32 to agree with the transformers engine
     "yes-no-idefics3": Spec(
-        write=_generated("from tests.engines.yes_no_model import make_yes_no_model; make_yes_no_model(out, 'idefics3')"),
+        write=_generated("from tests.socket.engines.yes_no_model import make_yes_no_model; make_yes_no_model(out, 'idefics3')"),
         extra=("--dtype", "float32"),
     ),
     # the shipped Idefics3 colours model, for watches

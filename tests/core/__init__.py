@@ -1,1 +1,1 @@
-"""Tests of handlers/core: the pure session core, driven by events without socket, engine or clock."""
+"""The core tier: pure code driven by calls and events, no socket, engine or torch. At the root, tests of handlers/core (the session core, driven by events without socket, engine or clock); in folders, the other areas' socket-free tests."""

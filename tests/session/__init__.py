@@ -1,1 +1,1 @@
-"""Tests of handlers/session: the session adapter with scripted engines, intake, resume."""
+"""The session tier: tests of handlers/session, the session adapter with scripted engines over an in-memory transport."""

@@ -1,1 +1,0 @@
-"""Tests of server/client: the protocol client, livesight stream, vLLM-Omni's example client."""

@@ -1,0 +1,1 @@
+"""Tests of server/engines with no model: the model thread, the detokenizer."""

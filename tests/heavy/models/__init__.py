@@ -1,0 +1,1 @@
+"""Tests of server/models: the shipped colours and demo models, and the demo model's training retraced."""

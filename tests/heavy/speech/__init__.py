@@ -1,0 +1,1 @@
+"""The voice recognisers as processes of their own, killed and replaced."""

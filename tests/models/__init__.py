@@ -1,1 +1,0 @@
-"""Tests of server/models: the generated demo models."""

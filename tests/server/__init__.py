@@ -1,1 +1,0 @@
-"""Tests of the server process: the real app over a real socket, settings, auth, metrics, logs, memory, drain, docs."""

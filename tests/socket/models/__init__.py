@@ -1,0 +1,1 @@
+"""Tests of server/models: the generated tiny model."""
