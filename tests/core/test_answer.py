@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from handlers.core.answer import Outcome
-from handlers.core.session_core import SessionCore
+from handlers.core.session_core import SessionCore, VoicePaths
 from handlers.core.timeline import interrupted_answer
 from handlers.core.watches import Fire, Watch
-from handlers.wire.commands import AnswerRequest
+from handlers.wire.commands import AnswerRequest, TruncateItem
 from handlers.wire.protocol import SessionConfig, VideoQuery, WatchFired, WatchSpec
 from server.engines.base import Capabilities, Finished, TextDelta, Usage
 from server.speech.wav import encode_wav
@@ -17,8 +17,8 @@ from tests.core.answers import Speech, run_answer
 from tests.core.items_world import LIMITS, feed_frame
 
 
-def _core() -> SessionCore:
-    core = SessionCore("s1", LIMITS, Capabilities(name="x", model="m"))
+def _core(voice: VoicePaths | None = None) -> SessionCore:
+    core = SessionCore("s1", LIMITS, Capabilities(name="x", model="m"), voice)
     core.configure(SessionConfig(modalities=["text"]))
     for n in range(3):
         feed_frame(core, n + 1, f"f{n}")
@@ -60,14 +60,29 @@ def test_a_failed_answer_names_its_error_and_leaves_the_question_open() -> None:
     assert core.history == []
 
 
-def test_a_spoken_answer_truncated_by_the_client_keeps_what_was_heard() -> None:
-    """Two sentences of speech, the client played 600 ms of the first one's second: only the words heard are kept."""
-    core = _core()
+@pytest.mark.parametrize("when", ["while it runs", "after its end"])
+def test_a_spoken_answer_truncated_by_the_client_keeps_what_was_heard(when: str) -> None:
+    """Two sentences of speech; the client's truncate (conversation.item.truncate, the core's
+    TruncateItem) says it played 600 ms of the first one's second, while the answer runs or
+    after its end: item_truncated answers it and only the words heard are kept."""
+    core = _core(VoicePaths(output="espeak"))
     answer = core.plan_answer(AnswerRequest(modalities=["text", "audio"]))
-    answer.heard_ms = 600  # what conversation.item.truncate sets on the running answer
+    assert answer.modalities == ["text", "audio"]
     second = encode_wav(bytes(48 * 1000), 24_000)
-    ran = run_answer(core, answer, [TextDelta("Red cup. Blue pen."), Speech(second, "Red cup."),
-                                    Speech(second, "Blue pen."), Finished("stop", Usage())])
+    truncate = TruncateItem(item_id=answer.item_id, audio_end_ms=600)
+    replies = []
+
+    def outputs():
+        yield from [TextDelta("Red cup. Blue pen."), Speech(second, "Red cup."), Speech(second, "Blue pen.")]
+        if when == "while it runs":  # after both pieces of audio went out, before the engine's end
+            replies.extend(core.apply(truncate))
+        yield Finished("stop", Usage())
+
+    ran = run_answer(core, answer, outputs())
+    if when == "after its end":
+        assert core.timeline.turns[-1].answer == "Red cup. Blue pen."
+        replies.extend(core.apply(truncate))
+    assert [(r.type, r.item_id, r.audio_end_ms) for r in replies] == [("core.item_truncated", answer.item_id, 600)]
     assert ran.types.count("response.output_audio.delta") == 2 and "response.output_audio.done" in ran.types
     assert answer.audio_ms == 2000.0
     assert core.timeline.turns[-1].answer == "Red"
@@ -84,8 +99,10 @@ def test_a_fired_watch_answer_carries_its_trigger() -> None:
     assert answer.question == "What happened?" and core.history[-1].answer == "It turned red."
 
 
-def test_the_next_question_waits_for_the_running_answer() -> None:
-    """Asking while another answer runs is a bug in the caller: it raises and the running one is unharmed."""
+def test_asking_while_an_answer_runs_is_refused_and_leaves_it_unharmed() -> None:
+    """Asking while another answer runs is a bug in the caller: it raises and the running one is
+    unharmed (that the next question waits for the running answer's end on the wire:
+    tests/session/test_session_scripted.py)."""
     core = _core()
     first = _ask(core)
     core.ask(first, 0.0)

@@ -123,6 +123,42 @@ async def test_interrupt_aborts_engine_request() -> None:
     assert engine.running == set()
 
 
+async def test_the_next_question_waits_for_the_running_answer() -> None:
+    """A question while an answer streams: every event of the running answer, its
+    response.done (interrupted) last, is on the wire before the next answer's response.start,
+    and the engine never generates the two at once."""
+    engine = ScriptedEngine(words=["w "] * 50, step_s=0.02)
+    generate = engine.generate
+    overlapped: list[int] = []
+
+    async def one_at_a_time(session_id, request_id, prompt, sampling):
+        overlapped.append(len(engine.running))  # generations already running when this one starts
+        async for event in generate(session_id, request_id, prompt, sampling):
+            yield event
+
+    engine.generate = one_at_a_time
+
+    async def body(t: MemoryTransport, s: Session) -> None:
+        await _frames(t, 1)
+        await t.put(type="video.query", text="first")
+        events = await t.until("response.text.delta")
+        await t.put(type="video.query", text="second")
+        events += await t.until("response.done")
+        events += await t.until("response.done")
+        starts = [e for e in events if e["type"] == "response.start"]
+        first, second = starts[0]["request_id"], starts[1]["request_id"]
+        owners = [e.get("request_id") for e in events if e.get("request_id") is not None]
+        switch = owners.index(second)
+        assert set(owners[:switch]) == {first} and set(owners[switch:]) == {second}, owners
+        kinds = [(e["type"], e.get("status")) for e in events if e.get("request_id") == first]
+        assert kinds[-1] == ("response.done", "interrupted") and kinds.count(("response.done", "interrupted")) == 1
+        assert events[events.index(starts[1]) - 1]["type"] == "response.done"
+        assert events[-1]["status"] == "completed"
+
+    await _run(engine, body)
+    assert overlapped == [0, 0] and len(engine.aborted) == 1
+
+
 async def test_engine_failure_is_reported_and_session_goes_on() -> None:
     """An engine failure gives engine_error and response.done failed; the next query works."""
     engine = ScriptedEngine(fail_next=True)

@@ -13,7 +13,7 @@ from handlers.core.negotiation import Limits
 from handlers.session.adapter import Session
 from handlers.session.observer import SessionObserver
 from tests.protocol_client import b64, jpeg_frame
-from tests.scripted import MemoryTransport, ScriptedEngine, run_session
+from tests.scripted import MemoryTransport, ScriptedEngine, image_keys, run_session
 from handlers.media.preparation import content_key
 
 pytestmark = pytest.mark.anyio
@@ -77,22 +77,43 @@ async def test_an_alert_fires_on_red_clears_on_grey_and_fires_again() -> None:
 
 async def test_a_question_preempts_a_running_check() -> None:
     """A check that takes long is stopped by a question, which is answered at once; the frame
-    is checked again after the answer."""
+    is checked again after the answer's response.done, and that check's result counts (the
+    red frame fires)."""
+    order: list[str] = []
     engine = red_engine(check_s=30)
+    check, generate = engine.check, engine.generate
+
+    async def logged_check(session_id, request_id, prompts):
+        order.append("check " + ",".join(image_keys(p)[-1] for p in prompts))
+        return await check(session_id, request_id, prompts)
+
+    async def logged_generate(session_id, request_id, prompt, sampling):
+        order.append("answer")
+        async for event in generate(session_id, request_id, prompt, sampling):
+            yield event
+        order.append("answer end")
+
+    engine.check, engine.generate = logged_check, logged_generate
+    red = content_key(jpeg_frame(RED[0]))
 
     async def body(t: MemoryTransport, s: Session) -> None:
         await t.put(type="video.frame", data=b64(jpeg_frame(RED[0])), frame_id=1)
         with anyio.fail_after(5):
             while not engine.checks:
                 await anyio.sleep(0.005)
+        engine.check_s = 0  # the check running sleeps on; the next one answers at once
         await t.put(type="video.query", text="What is it?")
-        events = await t.until("response.done")
-        assert events[-1]["status"] == "completed" and events[-1]["trigger"] is None
-        assert not [e for e in events if e["type"] == "watch.fired"]
+        answered = await t.until("response.done")
+        assert answered[-1]["status"] == "completed" and answered[-1]["trigger"] is None
+        assert not [e for e in answered if e["type"] == "watch.fired"]
+        assert order == [f"check {red}", "answer", "answer end"]  # not checked again before the end
+        fired = (await t.until("watch.fired"))[-1]
+        assert (fired["watch_id"], fired["frame_id"]) == ("red", 1)
+        assert (await t.until("response.done"))[-1]["trigger"] == {"type": "watch", "watch_id": "red"}
 
     await run(engine, body, watches=[RED_WATCH])
-    assert engine.checks_cancelled >= 1
-    assert len(engine.checks) >= 2  # checked again once the answer ended
+    assert engine.checks_cancelled == 1 and len(engine.checks) == 2
+    assert order[:4] == [f"check {red}", "answer", "answer end", f"check {red}"]  # the same frame, once more
 
 
 async def test_checks_never_enter_the_timeline() -> None:
