@@ -25,6 +25,7 @@ from handlers.core.frames import Frame
 from handlers.core.prompt import frame_time_s
 from handlers.core.turn_detection import RATE
 from handlers.wire.commands import InputMessage
+from handlers.wire.errors import Origin
 from handlers.wire.protocol import (
     ConsumedFrame,
     FramesConsumed,
@@ -94,6 +95,7 @@ class Answer:
     context: list[InputMessage] | None = None  # its own context instead of the timeline
     metadata: dict[str, str] | None = None  # the client's, echoed
     after_silence: bool = False  # started by the idle timeout (which then waits for the next answer)
+    asked_by: Origin | None = None  # the client event that asked for it: its errors name that event
     # the prompt
     used: list[Frame] = field(default_factory=list)  # the frames its prompt holds
     origin: Frame | None = None  # the session's first frame: the prompt's times count from it

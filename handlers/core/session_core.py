@@ -9,7 +9,7 @@ carries out what it returns; tests can drive it directly.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from enum import Enum
 
 
@@ -36,6 +36,7 @@ from handlers.wire.errors import ErrorCode, SessionError
 from handlers.core.frames import Frame, FrameBuffer
 from handlers.media.preparation import PreparedFrame
 from handlers.core.answer import Answer, Outcome
+from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.lifecycle import Turns
 from handlers.core.prompt import render_timeline
 from handlers.wire.protocol import (
@@ -85,28 +86,6 @@ _TRANSITIONS = {
     Phase.CLOSING: {Phase.CLOSED},
     Phase.CLOSED: set(),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class CheckStep:
-    """One round of watch checks the adapter runs for the core: one prompt per watch (the
-    timeline as warmed, plus the watch's question), over ``frames`` (pinned until
-    ``SessionCore.checked``); ``frame`` is the newest, the one the round decides about."""
-
-    frames: list[Frame]
-    prompts: list[tuple[str, Prompt]]
-    frame: Frame | None
-
-
-@dataclass(frozen=True, slots=True)
-class WarmStep:
-    """One prefill the adapter runs for the core: ``prompt`` over ``frames``, which stay
-    pinned until ``SessionCore.warmed`` is called with this step."""
-
-    frames: list[Frame]
-    prompt: Prompt
-
-
 
 
 def _spoken(inputs: list[PendingInput]) -> str:

@@ -5,8 +5,7 @@
 session's task group synthesizes each sentence off the event loop and sends it as one WAV
 delta, while generation goes on. Sentences wait in a bounded queue; cancelling the answer
 cancels the speaker and waits for it, so no audio of an answer follows its ``response.done``.
-``NativeAudioTrim`` (pure) cuts a codec's start-up artefact from an engine's own audio,
-once per answer. ``Listening`` transcribes a question while it is spoken: the adapter hands
+``Listening`` transcribes a question while it is spoken: the adapter hands
 it audio as it arrives, a task in the session's task group feeds the transcriber, and the
 words are ready about when the speech stops.
 """
@@ -24,7 +23,7 @@ from anyio.abc import TaskStatus
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.session.transport import Disconnected
 from server.speech.base import SpeechError, Synthesizer, TranscriptStream
-from server.speech.wav import OUTPUT_RATE, encode_wav, silence, trim_leading
+from server.speech.wav import OUTPUT_RATE, encode_wav, silence
 
 log = logging.getLogger("livesight.speech")
 
@@ -99,27 +98,6 @@ def _cut_point(text: str, limit: int) -> int:
         return clauses[-1].end()
     space = head.rfind(" ")
     return space + 1 if space > limit // 2 else limit
-
-
-class NativeAudioTrim:
-    """Cuts the first ``ms`` milliseconds of one answer's engine audio (across chunks if the
-    first is shorter). Everything after passes through byte for byte."""
-
-    def __init__(self, ms: float) -> None:
-        self._left = ms
-
-    def apply(self, wav: bytes) -> bytes:
-        """The chunk to send (empty when all of it was cut). A chunk that is not PCM16 WAV
-        passes unchanged (and ends the trimming)."""
-        if self._left <= 0:
-            return wav
-        try:
-            trimmed, self._left = trim_leading(wav, self._left)
-        except ValueError as exc:
-            log.warning("engine audio is not PCM16 WAV (%s); passed on untrimmed", exc)
-            self._left = 0
-            return wav
-        return trimmed
 
 
 class SpokenAnswer:

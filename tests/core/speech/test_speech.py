@@ -12,7 +12,8 @@ import pytest
 from handlers.core.microphone import SpokenQuestion
 from handlers.core.session_core import Limits, SessionCore, VoicePaths
 from handlers.wire.protocol import SessionConfig, VideoQuery
-from handlers.session.voice import NativeAudioTrim, SentenceSplitter, speakable
+from handlers.core.native_audio import NativeAudioTrim
+from handlers.session.voice import SentenceSplitter, speakable
 from handlers.core.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
 from server.engines.base import Capabilities
 from server.speech.wav import Pcm, encode_wav, parse_wav, resample, trim_leading

@@ -1,0 +1,30 @@
+"""The engine jobs the core hands out with the frames they hold: a prefill (``WarmStep``) and
+a round of watch checks (``CheckStep``). Their frames stay pinned until the job is reported
+ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from handlers.core.frames import Frame
+from server.engines.base import Prompt
+
+
+@dataclass(frozen=True, slots=True)
+class CheckStep:
+    """One round of watch checks the executor runs for the core: one prompt per watch (the
+    timeline as warmed, plus the watch's question), over ``frames`` (pinned until
+    ``SessionCore.checked``); ``frame`` is the newest, the one the round decides about."""
+
+    frames: list[Frame]
+    prompts: list[tuple[str, Prompt]]
+    frame: Frame | None
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStep:
+    """One prefill the executor runs for the core: ``prompt`` over ``frames``, which stay
+    pinned until ``SessionCore.warmed`` is called with this step."""
+
+    frames: list[Frame]
+    prompt: Prompt

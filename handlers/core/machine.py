@@ -1,0 +1,613 @@
+"""A session's core as one machine: inputs and job results in, effects out (``effects.py``).
+
+``SessionMachine`` decides everything a session does between its transport and its engine:
+what a control message answers and what it interrupts (and with what cause), whether a cancel
+is refused, when a question waits for the running answer's end, when a prefill or a round of
+watch checks runs and when a question stops it, whether a round was preempted, which fire
+starts an answer (only with nothing asked or running; only the first), when the idle timeout
+asks for one, whether to re-warm after an item edit or reopen the voice activity stream,
+whether a spoken question is answered, held or transcribed, what of the engine's own audio is
+trimmed, and which error each bad input gets. It does no I/O and reads no clock: ``now`` comes
+with every call, so a test drives it with a list of inputs and results (``tests/core/run_core.py``).
+
+The state it decides over (frames, audio, timeline, watches, the engine's turn) is the
+``SessionCore``; an executor reads only this machine's documented surface: ``session_id``,
+``phase``, ``limits``, ``config``, ``warm_prefix``, ``answering``, ``settled``,
+``takes_lane_input``, ``last_frame_id``, ``skipped_checks``.
+
+Engine work is one job at a time (``lifecycle.Turns``): a question asked during a prefill or a
+round of checks stops it, and its answer starts when the stopped job is reported ended; an
+input that plans an answer while another is asked or running stops that one (cause
+``question``) and waits, with every lane input after it, until its end (``Ended``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from handlers.core.answer import Answer
+from handlers.core.effects import (
+    Check,
+    Checked,
+    DetectSpeech,
+    Effect,
+    Ended,
+    EndSession,
+    FrameShed,
+    Generate,
+    Generated,
+    Handle,
+    HeldTranscribed,
+    Input,
+    ListenFeed,
+    ListenStart,
+    Now,
+    Prefill,
+    Prepare,
+    Prepared,
+    Read,
+    ResetVad,
+    Result,
+    Send,
+    Speak,
+    SpeechDetected,
+    Spoken,
+    StartAnswer,
+    Stop,
+    StopListening,
+    Tally,
+    Tick,
+    Timer,
+    Transcribed,
+    TranscribeHeld,
+    Warmed,
+)
+from handlers.core.jobs import CheckStep, WarmStep
+from handlers.core.lifecycle import TurnState
+from handlers.core.microphone import SpokenQuestion
+from handlers.core.native_audio import NativeAudioTrim
+from handlers.core.negotiation import Limits, VoicePaths
+from handlers.core.session_core import Phase, SessionCore
+from handlers.core.turn_detection import SpeechStarted, SpeechStopped
+from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
+from handlers.wire.errors import ErrorCode, Origin, SessionError
+from handlers.wire.protocol import (
+    AudioChunkIn,
+    ErrorEvent,
+    Ping,
+    Pong,
+    ResponseCancel,
+    SessionConfig,
+    SessionDone,
+    SessionReady,
+    VideoDone,
+    VideoFrame,
+    VideoQuery,
+    WatchCreate,
+    WatchDelete,
+    WatchUpdate,
+    origin_of,
+)
+from server.engines.base import AudioChunk, Capabilities, TextDelta
+
+log = logging.getLogger("livesight.session")
+
+WATCH_EVENTS = (WatchCreate, WatchUpdate, WatchDelete)
+
+
+def error_event(exc: SessionError, origin: Origin | None = None) -> ErrorEvent:
+    """The one place a ``SessionError`` becomes an ``error`` event (``origin``: the client
+    event it answers, when the error does not name one itself)."""
+    return ErrorEvent(
+        code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session,
+        retry_after_ms=exc.retry_after_ms, origin=exc.origin or origin, wire_code=exc.wire_code,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What the session's source does that the core's decisions depend on: whether its
+    client commits audio itself (``commits_audio``: the buffer waits for a commit, so no
+    transcription streams while it fills), and how much of an engine's own audio to cut at
+    the start of each answer (``native_trim_ms``: a codec's start-up artefact)."""
+
+    commits_audio: bool = False
+    native_trim_ms: float = 0.0
+
+
+class _Refused(Exception):
+    """A ``SessionError`` with the effects that must come before its error event (a
+    transcription the failed question would have taken is stopped)."""
+
+    def __init__(self, error: SessionError, effects: list[Effect]) -> None:
+        super().__init__(error.message)
+        self.error, self.effects = error, effects
+
+
+@dataclass
+class _Asked:
+    """What comes with the asked answer when it starts: events to send before its
+    ``response.start`` (a watch's fire, an idle timeout) and whether it takes the running
+    transcription."""
+
+    before: list[Effect]
+    take_listening: bool
+
+
+class SessionMachine:
+    """One session's decisions (see the module docstring)."""
+
+    def __init__(
+        self, session_id: str, limits: Limits, capabilities: Capabilities, voice: VoicePaths | None = None,
+        source: Source | None = None,
+    ) -> None:
+        self.state = SessionCore(session_id, limits, capabilities, voice)
+        self.source = source or Source()
+        self.answers_asked = 0  # answer requests read, not yet handled in their lane
+        # lane inputs behind the running answer's end: (the client event, what to do then)
+        self._waiting: deque[tuple[object, Callable[[Now], list[Effect]]]] = deque()
+        self._asked = _Asked([], False)
+        self._listening: int | None = None  # where the running transcription starts (a stream sample)
+        self._listened = 0  # the stream sample up to which it was fed
+        self._job: WarmStep | CheckStep | None = None  # the prefill or round of checks running
+        self._trims: dict[int, NativeAudioTrim] = {}
+        self._timer: float | None = None
+        self._ending = False  # video.done is handled: the session closes after its last answer
+
+    # ------------------------------------------------------------------ the documented surface
+    @property
+    def session_id(self) -> str:
+        return self.state.session_id
+
+    @property
+    def phase(self) -> Phase:
+        return self.state.phase
+
+    @property
+    def limits(self) -> Limits:
+        return self.state.limits
+
+    @property
+    def config(self) -> SessionConfig:
+        return self.state.config
+
+    @property
+    def warm_prefix(self) -> bool:
+        """True when this session keeps the engine's prefix warm."""
+        return self.state.warm_prefix
+
+    @property
+    def answering(self) -> bool:
+        """True from a question until its answer's end was handled (or it was withdrawn)."""
+        return self.state.turns.answering
+
+    @property
+    def settled(self) -> bool:
+        """True when no engine job runs or is wanted and nothing waits for an answer's end."""
+        state, turns = self.state, self.state.turns
+        checks_wanted = self._checks and state.check_due(math.inf) is not None
+        return turns.state is TurnState.IDLE and not (self.warm_prefix and turns.behind) and not self._waiting \
+            and state.running is None and not checks_wanted
+
+    @property
+    def _checks(self) -> bool:
+        """True when this session's watches are checked (on a warm prefix, with token probabilities)."""
+        return self.warm_prefix and self.state.capabilities.token_probabilities
+
+    @property
+    def takes_lane_input(self) -> bool:
+        """False while lane inputs wait for the running answer's end: the lane holds the next."""
+        return not self._waiting
+
+    @property
+    def last_frame_id(self) -> str | int | None:
+        return self.state.last_frame_id
+
+    def skipped_checks(self) -> int:
+        """Accepted frames no check looked at, told once (``SessionCore.skipped_checks``)."""
+        return self.state.skipped_checks()
+
+    # ------------------------------------------------------------------ configuration
+    def configure(self, config: SessionConfig) -> SessionReady:
+        """Apply the first message; returns ``session.ready``. Raises ``invalid_config``."""
+        return self.state.configure(config)
+
+    def resumed(self, first: SessionReady) -> SessionReady:
+        """Taken back by its client: the ``session.ready`` to send (its buffered frames, all
+        decoded at intake, are warmed again when it opens)."""
+        if self.warm_prefix and self.state.buffer.frames:
+            self.state.turns.prefix_behind()
+        return self.state.resumed(first)
+
+    def opened(self, now: Now) -> list[Effect]:
+        """The session is ready to run: its first effects (the voice activity stream, a warm-up)."""
+        effects: list[Effect] = [ResetVad(True)] if self._vad else []
+        return effects + self._next_work(now)
+
+    def close(self) -> None:
+        """Release every frame and buffer; the session is over."""
+        self.state.close()
+
+    def shut(self) -> None:
+        """A closing error or close was sent: the session takes nothing more."""
+        if self.state.phase is not Phase.CLOSED:
+            self.state.move_to(Phase.CLOSED)
+
+    @property
+    def _vad(self) -> bool:
+        """True when turn detection is on and a voice activity model judges the audio."""
+        return self.state.detector is not None and self.state.voice.vad_window is not None
+
+    # ------------------------------------------------------------------ inputs
+    def receive(self, item: Input, now: Now) -> list[Effect]:
+        """The effects of one input, in order. A bad input gets its error event here; it never raises
+        for a client's behaviour."""
+        if isinstance(item, Read):
+            return self._guarded(item.event, lambda: self._read(item.event))
+        if isinstance(item, Handle):
+            if self._waiting and not isinstance(item.event, VideoFrame):  # frames never wait for an answer
+                self._waiting.append((item.event, lambda later: self._handle(item, later)))
+                return []
+            return self._guarded(item.event, lambda: self._handle(item, now))
+        if isinstance(item, FrameShed):
+            ack = self.state.shed_frame(item.event, now.wall_ms)
+            return [Tally("shed"), *([Send(ack)] if ack is not None else [])]
+        if isinstance(item, Tick):
+            self._timer = None
+            return self._next_work(now)
+        raise TypeError(f"not a core input: {type(item).__name__}")
+
+    def completed(self, result: Result, now: Now) -> list[Effect]:
+        """The effects of a job's result, in order."""
+        handler = self._results.get(type(result))
+        if handler is None:
+            raise TypeError(f"not a job result: {type(result).__name__}")
+        return handler(self, result, now)
+
+    def _guarded(self, event: object, decide: Callable[[], list[Effect]]) -> list[Effect]:
+        """``decide()``, or the error event of the ``SessionError`` it raised (naming ``event``)."""
+        try:
+            return decide()
+        except SessionError as exc:
+            return [Send(error_event(exc, origin_of(event)))]
+        except _Refused as refused:
+            return [*refused.effects, Send(error_event(refused.error, origin_of(event)))]
+
+    def _read(self, event: object) -> list[Effect]:
+        """Control at once: ``ping``, a second ``session.config``, cancels; a new question or
+        request stops the running answer now (its lane waits for the end)."""
+        if isinstance(event, Ping):
+            return [Send(Pong())]
+        if isinstance(event, SessionConfig):
+            return [Send(error_event(self.state.configured_again()))]
+        if isinstance(event, ResponseCancel):
+            return self._stop_answer("cancel")
+        if isinstance(event, CancelRequest):
+            refused = self.state.refuse_cancel(asked=self.answers_asked > 0)
+            errors = [Send(error_event(refused, origin_of(event)))] if refused is not None else []
+            return errors + self._stop_answer("cancel")
+        if isinstance(event, VideoQuery) or (isinstance(event, AnswerRequest) and not event.exclusive):
+            self.answers_asked += isinstance(event, AnswerRequest)
+            return self._stop_answer("question")
+        if isinstance(event, ClearOutputAudio):
+            return self._stop_answer("cancel")  # its audio stops with it
+        self.answers_asked += isinstance(event, AnswerRequest)
+        return []
+
+    def _stop_answer(self, cause: str) -> list[Effect]:
+        """Stop the asked or running answer (``cause``: what its ``response.done`` names)."""
+        answer = self.state.running
+        if answer is None:
+            return []
+        answer.stop(cause)
+        return [Stop(answer)]
+
+    def _handle(self, item: Handle, now: Now) -> list[Effect]:
+        event = item.event
+        if isinstance(event, VideoFrame):
+            self.state.check_frame_size(event)
+            receive_ms = now.wall_ms - (now.s - item.received) * 1000  # when it was read, not dequeued
+            return [Prepare(event, self.state.image_side(event), item.received, receive_ms)]
+        if isinstance(event, AudioChunkIn):
+            return self._audio(event)
+        if isinstance(event, VideoQuery):
+            return self._wait_or(event, now, lambda later: self._query(event, item.received, later))
+        if isinstance(event, AnswerRequest):
+            self.answers_asked -= 1
+            running = self.state.running
+            self.state.check_request(event, running is not None and not running.stopping)
+            return self._wait_or(event, now, lambda later: self._ask(
+                self.state.plan_answer(event), item.received, later, origin=origin_of(event)))
+        if isinstance(event, VideoDone):  # the running answer finishes first
+            return self._wait_or(event, now, lambda later: self._done(), stop=False)
+        if isinstance(event, WATCH_EVENTS):
+            return [Send(e) for e in self.state.apply_watch(event)] + self._next_work(now)
+        if isinstance(event, Command):
+            return self._command(event, now)
+        raise SessionError(ErrorCode.INVALID_MESSAGE, f"{getattr(event, 'type', '?')} is not handled here")
+
+    def _wait_or(self, event: object, now: Now, go: Callable[[Now], list[Effect]], *, stop: bool = True) -> list[Effect]:
+        """``go(now)`` when no answer is asked or running; else wait for its end (stopping it,
+        cause ``question``, when ``stop``), and every lane input after this one with it."""
+        if self.state.running is None:
+            return go(now)
+        self._waiting.append((event, go))
+        return self._stop_answer("question") if stop else []
+
+    def _done(self) -> list[Effect]:
+        """``video.done``, with no answer running: goodbye."""
+        self._ending = True
+        self.state.move_to(Phase.CLOSING)
+        return [Send(SessionDone()), EndSession()]
+
+    def _command(self, command: Command, now: Now) -> list[Effect]:
+        """A command that starts no answer (items, audio commits, config updates)."""
+        detector = self.state.detector
+        effects: list[Effect] = []
+        for event in self.state.apply(command):
+            if isinstance(event, ErrorEvent):  # a refused part of a command that was carried out
+                event = event.model_copy(update={"origin": origin_of(command)})
+            effects.append(Send(event))
+        if self.warm_prefix and self.state.timeline.edited:
+            self.state.turns.prefix_behind()  # an item edited the timeline: re-warmed from there
+        if self.state.detector is not detector:  # turn detection was switched: fresh audio
+            effects.append(ResetVad(self._vad))
+        return effects + self._listen() + self._next_work(now)
+
+    # ------------------------------------------------------------------ answers
+    def _query(self, event: VideoQuery, received: float, now: Now) -> list[Effect]:
+        take = self.state.detector is None and self._take_listening()  # the query takes the buffered audio
+        answer = self._plan(lambda: self.state.plan_query(event), take)
+        return self._ask(answer, received, now, take_listening=take)
+
+    def _take_listening(self) -> bool:
+        """The running transcription goes to the question being planned: True when there is one."""
+        take, self._listening = self._listening is not None, None
+        return take
+
+    @staticmethod
+    def _plan(make: Callable[[], Answer], took_listening: bool) -> Answer:
+        """``make()``; when it raises, the transcription the question took is stopped first."""
+        try:
+            return make()
+        except SessionError as exc:
+            if took_listening:
+                raise _Refused(exc, [StopListening()]) from None
+            raise
+
+    def _ask(self, answer: Answer, received: float, now: Now, *, before: list[Effect] | None = None,
+             origin: Origin | None = None, take_listening: bool = False) -> list[Effect]:
+        """Ask for a planned answer: its undecodable frames dropped, a running prefill or round
+        of checks stopped (it starts when that one has ended), else started now."""
+        stop_job = self.state.ask(answer, received)
+        try:
+            self.state.settle_frames(answer)
+        except SessionError:
+            self.state.withdraw(answer)
+            raise
+        answer.asked_by = origin
+        self._asked = _Asked(before or [], take_listening)
+        if stop_job:
+            return [Stop(self._job)] if self._job is not None else []
+        return self._start(now)
+
+    def _start(self, now: Now) -> list[Effect]:
+        """The asked answer starts (nothing else runs on the engine now)."""
+        answer = self.state.running
+        assert answer is not None
+        transcribe = self.state.needs_transcription(answer)
+        prompt = None if transcribe else self.state.query_prompt(answer)
+        speak = "audio" in answer.modalities and self.state.voice.speaks
+        if "audio" in answer.modalities and not speak:
+            self._trims[id(answer)] = NativeAudioTrim(self.source.native_trim_ms)
+        asked, self._asked = self._asked, _Asked([], False)
+        return [*asked.before, *(Send(e) for e in self.state.turns.start()),
+                StartAnswer(answer, prompt, transcribe=transcribe, take_listening=asked.take_listening, speak=speak)]
+
+    def _transcribed(self, result: Transcribed, now: Now) -> list[Effect]:
+        answer = result.answer
+        event = answer.transcribed(result.transcript)
+        return [Send(event), Generate(answer, self.state.query_prompt(answer))]
+
+    def _generated(self, result: Generated, now: Now) -> list[Effect]:
+        answer, out = result.answer, result.output
+        effects: list[Effect] = [Send(e) for e in answer.output(out, now.s)]
+        if isinstance(out, TextDelta) and "audio" in answer.modalities and self.state.voice.speaks:
+            effects.append(Speak(answer, out.text))
+        elif isinstance(out, AudioChunk) and id(answer) in self._trims:
+            wav = self._trims[id(answer)].apply(out.wav)
+            if wav:  # the engine's own voice: passed on, never re-synthesized
+                effects += [Send(e) for e in answer.audio_out(wav, now.s)]
+        return effects
+
+    def _spoken(self, result: Spoken, now: Now) -> list[Effect]:
+        return [Send(e) for e in result.answer.audio_out(result.wav, now.s, result.words)]
+
+    def _ended(self, result: Ended, now: Now) -> list[Effect]:
+        """The answer's end: its closing events, then what waited for it, then the engine's next job."""
+        self._trims.pop(id(result.answer), None)
+        effects: list[Effect] = [Send(e) for e in self.state.end_answer(result.answer, result.outcome, now.s,
+                                                                        result.error_code)]
+        while self._waiting and self.state.running is None and not self._ending:
+            event, go = self._waiting.popleft()
+            effects += self._guarded(event, lambda go=go: go(now))
+        return effects + self._next_work(now)
+
+    # ------------------------------------------------------------------ the engine's next job
+    def _next_work(self, now: Now) -> list[Effect]:
+        """A prefill when the prefix is behind, else a round of checks when one is due, else a
+        timer for the next round or the idle timeout; nothing while an answer is asked or runs."""
+        state, turns = self.state, self.state.turns
+        if self._ending or state.phase is not Phase.READY or state.running is not None or self._waiting:
+            return []
+        idle_at = state.idle_at
+        if idle_at is not None and idle_at <= now.s:
+            return self._idle(now)  # a running prefill or round of checks is stopped for it
+        if turns.state is not TurnState.IDLE:
+            return self._set_timer(idle_at)
+        if self.warm_prefix and turns.behind:
+            step = state.next_warm()
+            if step is None:
+                turns.nothing_to_warm()
+            else:
+                turns.warm()
+                self._job = step
+                return [Prefill(step)]
+        wait = state.check_due(now.s) if self._checks else None
+        if wait == 0:
+            step = state.next_check(now.s)
+            if step is not None:
+                turns.warm()
+                self._job = step
+                return [Check(step)]
+            wait = None
+        return self._set_timer(min((t for t in (idle_at, None if wait is None else now.s + wait) if t is not None),
+                                   default=None))
+
+    def _set_timer(self, at: float | None) -> list[Effect]:
+        if at == self._timer:
+            return []
+        self._timer = at
+        return [Timer(at)]
+
+    def _idle(self, now: Now) -> list[Effect]:
+        """Silence for ``idle_timeout_ms`` after an answer's audio: an answer over the conversation so far."""
+        self._timer = None
+        try:
+            answer, timed_out = self.state.plan_idle()
+        except SessionError as exc:
+            log.info("idle timeout with nothing to answer over: %s", exc.message)
+            return self._next_work(now)
+        return self._ask(answer, now.s, now, before=[Send(timed_out)])
+
+    def _warmed(self, result: Warmed, now: Now) -> list[Effect]:
+        self.state.warmed(result.step)
+        return self._job_ended(now)
+
+    def _job_ended(self, now: Now) -> list[Effect]:
+        """The prefill or round of checks ended: the answer it held back starts, else the next job."""
+        self._job = None
+        self.state.turns.warmed()
+        if self.state.turns.may_generate:
+            return self._start(now)
+        return self._next_work(now)
+
+    def _checked(self, result: Checked, now: Now) -> list[Effect]:
+        """A round of checks ended: unless a question stopped it, its decisions are sent, and the
+        first fire is answered when nothing else is asked (the others fire at their next check)."""
+        preempted = self.state.turns.state is not TurnState.WARMING
+        decisions = self.state.checked(result.step, None if preempted else result.results, now.s, now.wall_ms)
+        effects: list[Effect] = [Tally("checks", decisions.checks), Tally("skipped", decisions.skipped)]
+        self._job = None
+        self.state.turns.warmed()
+        if self.state.turns.may_generate:  # a question came first: the watch is checked again after it
+            return effects + [Send(e) for e in decisions.events] + self._start(now)
+        if decisions.fires and self.state.running is None:
+            fire = decisions.fires[0]
+            try:
+                answer = self.state.plan_watch(fire)
+            except SessionError as exc:  # no usable frame left for its answer
+                log.info("watch %s fired but cannot be answered: %s", fire.watch.watch_id, exc.message)
+            else:
+                return effects + self._ask(answer, now.s, now, before=[Send(e) for e in decisions.events])
+        return effects + [Send(e) for e in decisions.events] + self._next_work(now)
+
+    # ------------------------------------------------------------------ frames
+    def _prepared(self, result: Prepared, now: Now) -> list[Effect]:
+        intake = self.state.take_frame(result.event, result.frame, result.receive_ms, now.wall_ms)
+        effects: list[Effect] = [Tally("accepted" if intake.frame is not None else "filtered"),
+                                 Tally("evicted", len(intake.evicted))]
+        if intake.ack is not None:
+            effects.append(Send(intake.ack))
+        return effects + self._next_work(now)
+
+    # ------------------------------------------------------------------ microphone
+    def _audio(self, event: AudioChunkIn) -> list[Effect]:
+        """Buffer microphone audio; with turn detection, judge it. Audio a question will take
+        is transcribed as it arrives (``_listen``)."""
+        try:
+            pcm = self.state.add_audio(event.data)
+        except SessionError as exc:
+            return self._listen() + [Send(error_event(exc, origin_of(event)))]
+        detect: list[Effect] = [DetectSpeech(pcm)] if self._vad else []
+        return self._listen() + detect
+
+    def _speech(self, result: SpeechDetected, now: Now) -> list[Effect]:
+        """Speech starting interrupts the running answer (barge-in), unless turn detection
+        says not to; speech stopping asks a question, or holds it for the next answer."""
+        effects: list[Effect] = []
+        for decision in self.state.detect_turns(result.probabilities):
+            if isinstance(decision, SpeechStarted):
+                effects.append(Send(self.state.turn_event(decision)))
+                if self.state.speech_interrupts:
+                    effects += self._stop_answer("speech")
+            elif isinstance(decision, SpeechStopped):
+                effects.append(Send(self.state.turn_event(decision)))
+            elif isinstance(decision, SpokenQuestion):
+                effects += self._guarded(None, lambda q=decision: self._spoken_question(q, now))  # type: ignore[misc]
+        return effects + self._listen()
+
+    def _spoken_question(self, question: SpokenQuestion, now: Now) -> list[Effect]:
+        """Speech stopped: its question is answered now (the running answer stopped first:
+        its transcription then starts afresh), or held for the next answer."""
+        if not self.state.answers_speech(self.state.running is not None):
+            return self._hold(question)
+        if self.state.running is not None:
+            stop = [StopListening()] if self._take_listening() else []
+            return stop + self._wait_or(None, now, lambda later: self._spoken_question(question, later))
+        take = self._take_listening()
+        answer = self._plan(lambda: self.state.plan_spoken_query(question), take)
+        return self._ask(answer, now.s, now, take_listening=take)
+
+    def _hold(self, question: SpokenQuestion) -> list[Effect]:
+        """A spoken question that starts no answer waits as an input of the next one; when the
+        engine cannot hear, its words are recognised now."""
+        take = self._take_listening()
+        stop: list[Effect] = [StopListening()] if take else []
+        try:
+            item = self.state.hold_spoken_question(question)
+        except SessionError as exc:
+            raise _Refused(exc, stop) from None
+        if not (self.state.voice.transcribes and self.config.use_audio_in_video):
+            return stop  # the engine hears it with the answer (or it is not used)
+        return [TranscribeHeld(item.item_id, item.pcm16, take_listening=take)]
+
+    def _held(self, result: HeldTranscribed, now: Now) -> list[Effect]:
+        event = self.state.transcribed_input(result.item_id, result.transcript)
+        return [Send(event)] if event is not None else []
+
+    def _listen(self) -> list[Effect]:
+        """Hand the audio a question will take to a running transcription (started when such
+        audio begins; stopped when it was dropped or the question went elsewhere)."""
+        start = self.state.listen_start()
+        effects: list[Effect] = []
+        if self._listening is not None and self._listening != start:
+            self._listening = None
+            effects.append(StopListening())
+        if start is None:
+            return effects
+        if self.state.detector is None and self.source.commits_audio:
+            return effects  # the buffer waits for a commit; a streamed transcription would be cut there
+        mic = self.state.mic
+        if self._listening is None:
+            self._listening = self._listened = start
+            effects.append(ListenStart(start))
+        effects.append(ListenFeed(mic.since(self._listened), mic.total))
+        self._listened = mic.total
+        return effects
+
+    _results: dict[type, Callable[[SessionMachine, object, Now], list[Effect]]] = {
+        Prepared: _prepared,
+        Warmed: _warmed,
+        Checked: _checked,
+        Transcribed: _transcribed,
+        Generated: _generated,
+        Spoken: _spoken,
+        Ended: _ended,
+        SpeechDetected: _speech,
+        HeldTranscribed: _held,
+    }
