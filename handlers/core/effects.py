@@ -3,7 +3,8 @@
 The core (``machine.SessionMachine``) is driven by two calls and answers each with effects,
 in the order they must be carried out:
 
-    receive(input, now)      a client event read or due in its lane, a frame shed, a timer tick
+    receive(input, now)      a client event read or due in its lane, a frame shed, a timer
+                             tick, the executor running, the connection closed
     completed(result, now)   a job the core asked for has ended (or sent a piece of its output)
 
 An executor (the WebSocket adapter, or a session with no socket at all) runs the effects and
@@ -73,7 +74,17 @@ class Tick:
     """A timer the core asked for (``Timer``) is due."""
 
 
-Input = Union[Read, Handle, FrameShed, Tick]
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The session's executor runs: its first effects (a voice activity stream, a warm-up)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """A closing error or a close was sent: the session takes nothing more."""
+
+
+Input = Union[Read, Handle, FrameShed, Tick, Opened, Closed]
 
 
 # ---------------------------------------------------------------------------- job results

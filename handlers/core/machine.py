@@ -11,9 +11,9 @@ trimmed, and which error each bad input gets. It does no I/O and reads no clock:
 with every call, so a test drives it with a list of inputs and results (``tests/core/run_core.py``).
 
 The state it decides over (frames, audio, timeline, watches, the engine's turn) is the
-``SessionCore``; an executor reads only this machine's documented surface: ``session_id``,
-``phase``, ``limits``, ``config``, ``warm_prefix``, ``answering``, ``settled``,
-``takes_lane_input``, ``last_frame_id``, ``skipped_checks``.
+``SessionCore``. An executor calls it through its entry points (``ENTRY_POINTS``: configure
+or resume it, ``receive``, ``completed``, ``close``) and reads only its documented surface
+(``SURFACE``); ``tests/core/project/test_layers.py`` holds ``handlers/session`` to both.
 
 Engine work is one job at a time (``lifecycle.Turns``): a question asked during a prefill or a
 round of checks stops it, and its answer starts when the stopped job is reported ended; an
@@ -33,6 +33,7 @@ from handlers.core.answer import Answer
 from handlers.core.effects import (
     Check,
     Checked,
+    Closed,
     DetectSpeech,
     Effect,
     Ended,
@@ -46,6 +47,7 @@ from handlers.core.effects import (
     ListenFeed,
     ListenStart,
     Now,
+    Opened,
     Prefill,
     Prepare,
     Prepared,
@@ -97,6 +99,8 @@ from server.engines.base import AudioChunk, Capabilities, TextDelta
 log = logging.getLogger("livesight.session")
 
 WATCH_EVENTS = (WatchCreate, WatchUpdate, WatchDelete)
+#: Client events answered when read (``Read``), never queued in a lane.
+CONTROL = (Ping, ResponseCancel, CancelRequest, SessionConfig)
 
 
 def error_event(exc: SessionError, origin: Origin | None = None) -> ErrorEvent:
@@ -140,6 +144,14 @@ class _Asked:
 
 class SessionMachine:
     """One session's decisions (see the module docstring)."""
+
+    #: What an executor calls.
+    ENTRY_POINTS = frozenset({"configure", "resumed", "receive", "completed", "close"})
+    #: What an executor may read (properties; ``limits`` and ``config`` are read-only values).
+    SURFACE = frozenset({
+        "session_id", "phase", "limits", "config", "warm_prefix", "answering", "settled", "takes_lane_input",
+        "last_frame_id", "skipped_checks",
+    })
 
     def __init__(
         self, session_id: str, limits: Limits, capabilities: Capabilities, voice: VoicePaths | None = None,
@@ -223,19 +235,10 @@ class SessionMachine:
             self.state.turns.prefix_behind()
         return self.state.resumed(first)
 
-    def opened(self, now: Now) -> list[Effect]:
-        """The session is ready to run: its first effects (the voice activity stream, a warm-up)."""
-        effects: list[Effect] = [ResetVad(True)] if self._vad else []
-        return effects + self._next_work(now)
-
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""
         self.state.close()
 
-    def shut(self) -> None:
-        """A closing error or close was sent: the session takes nothing more."""
-        if self.state.phase is not Phase.CLOSED:
-            self.state.move_to(Phase.CLOSED)
 
     @property
     def _vad(self) -> bool:
@@ -259,6 +262,12 @@ class SessionMachine:
         if isinstance(item, Tick):
             self._timer = None
             return self._next_work(now)
+        if isinstance(item, Opened):
+            return ([ResetVad(True)] if self._vad else []) + self._next_work(now)
+        if isinstance(item, Closed):
+            if self.state.phase is not Phase.CLOSED:
+                self.state.move_to(Phase.CLOSED)
+            return []
         raise TypeError(f"not a core input: {type(item).__name__}")
 
     def completed(self, result: Result, now: Now) -> list[Effect]:

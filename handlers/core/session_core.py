@@ -14,7 +14,6 @@ from enum import Enum
 
 
 from handlers.wire.commands import (
-    AnswerRequest,
     AudioCleared,
     AudioCommitted,
     ClearAudio,
@@ -24,9 +23,6 @@ from handlers.wire.commands import (
     ConfigUpdate,
     ConfigUpdated,
     DeleteItem,
-    IdleTimeout,
-    InputMessage,
-    InputTranscribed,
     OutputAudioCleared,
     RetrieveItem,
     TruncateItem,
@@ -36,28 +32,26 @@ from handlers.wire.errors import ErrorCode, SessionError
 from handlers.core.frames import Frame, FrameBuffer
 from handlers.media.preparation import PreparedFrame
 from handlers.core.answer import Answer, Outcome
-from handlers.core.jobs import CheckStep, WarmStep
+from handlers.core.jobs import CheckStep
+from handlers.core.hearing import Hearing
 from handlers.core.lifecycle import Turns
-from handlers.core.prompt import render_timeline
+from handlers.core.planning import Planning
+from handlers.core.timeline_prompts import TimelinePrompts
 from handlers.wire.protocol import (
     ErrorEvent,
     FrameAck,
-    InputAudioSpeechStarted,
-    InputAudioSpeechStopped,
     ServerEvent,
     SessionConfig,
     SessionReady,
     TurnDetection,
-    ResponseTrigger,
     VideoFrame,
-    VideoQuery,
     WatchCreate,
     WatchDelete,
     WatchUpdate,
 )
 from handlers.core.items import Conversation, PendingInput
-from handlers.core.timeline import Exchange, Message, Timeline, TimelineTurn, heard_text, interrupted_answer
-from handlers.core.watches import WATCH_ANSWER_TOKENS, Decisions, Fire, WatchBook, check_question
+from handlers.core.timeline import Exchange, Timeline
+from handlers.core.watches import Decisions, WatchBook, check_question
 from handlers.core.watches import effective as effective_watch
 from handlers.core.negotiation import (
     Limits,
@@ -68,9 +62,8 @@ from handlers.core.negotiation import (
 )
 from handlers.core.camera import Camera, FrameIntake, frame_item, image_side
 from handlers.core.check_schedule import CheckSchedule
-from handlers.core.microphone import Microphone, SpokenQuestion, audio_ms, decode_pcm
-from handlers.core.turn_detection import RATE, SpeechStarted, TurnDetector, TurnEvent
-from server.engines.base import AudioSegment, Capabilities, Prompt, Sampling
+from handlers.core.microphone import Microphone, audio_ms
+from server.engines.base import Capabilities
 
 
 class Phase(Enum):
@@ -88,17 +81,12 @@ _TRANSITIONS = {
 }
 
 
-def _spoken(inputs: list[PendingInput]) -> str:
-    """The words of ``inputs`` that were transcribed speech."""
-    return "\n".join(i.text for i in inputs if i.spoken and i.text)
-
-
 def _vad(turns: TurnDetection | None) -> tuple[float, int, int] | None:
     """What the voice activity detector is built from (the rest of turn detection is policy)."""
     return None if turns is None else (turns.threshold, turns.silence_ms, turns.prefix_padding_ms)
 
 
-class SessionCore:
+class SessionCore(Hearing, Planning, TimelinePrompts):
     """One session's state and decisions."""
 
     def __init__(
@@ -269,256 +257,6 @@ class SessionCore:
         """A frame dropped at intake because the server cannot keep up: its ack says so."""
         return self.camera.shed(event, now_ms, self.items.tail)
 
-    # ------------------------------------------------------------------ audio
-    @property
-    def detector(self) -> TurnDetector | None:
-        """The turn detector, when server turn detection is on."""
-        return self.mic.detector
-
-    def _detector(self, config: SessionConfig) -> TurnDetector | None:
-        turns = config.turn_detection
-        if turns is None or self.voice.vad_window is None:
-            return None
-        return TurnDetector(turns.threshold, turns.silence_ms, self.voice.vad_window)
-
-    def _padding(self) -> int:
-        turns = self.config.turn_detection
-        return 0 if turns is None else turns.prefix_padding_ms * RATE // 1000
-
-    def add_audio(self, data: str) -> bytes:
-        """Buffer a chunk of PCM16 audio; returns its samples. Raises ``invalid_audio``, or
-        ``audio_overflow`` (without turn detection: with it, the oldest audio is dropped)."""
-        pcm = decode_pcm(data)
-        self.mic.add(pcm)
-        return pcm
-
-    def detect_turns(self, probabilities: list[float]) -> list[TurnEvent | SpokenQuestion]:
-        """Judge the next voice-activity windows (turn detection must be on).
-
-        Returns, in order, ``SpeechStarted`` for each start and, for each stop, the
-        ``SpeechStopped`` followed by the ``SpokenQuestion`` to answer (its audio runs from
-        ``prefix_padding_ms`` before the start to where the silence was complete), named by
-        the speech's item id. While nobody speaks, only the padding's worth of audio is kept.
-        """
-        out = self.mic.heard(probabilities, self._padding())
-        for n, event in enumerate(out):
-            if isinstance(event, SpeechStarted):
-                self.speech_item = f"item_speech_{self.session_id[:8]}_{next(self._speech_items)}"
-                self.idle_at = None  # someone speaks: no answer for the silence
-            elif isinstance(event, SpokenQuestion):
-                out[n] = replace(event, item_id=self.speech_item or "")
-        return out
-
-    def listen_start(self) -> int | None:
-        """Where the audio of the question being spoken now begins (a stream sample), or None
-        when no question audio is building up: with turn detection, from the padding before the
-        speech that has started; without it, the whole buffer (the next query takes it)."""
-        if not (self.voice.transcribes and self.config.use_audio_in_video):
-            return None
-        return self.mic.question_start(self._padding())
-
-    def turn_event(self, decision: TurnEvent) -> InputAudioSpeechStarted | InputAudioSpeechStopped:
-        """The event that tells the client speech started or stopped (with the speech's item id)."""
-        if isinstance(decision, SpeechStarted):
-            return InputAudioSpeechStarted(audio_start_ms=decision.start_ms, item_id=self.speech_item)
-        previous = self.items.tail
-        self.items.appended(self.speech_item)  # the spoken item joins the conversation now
-        return InputAudioSpeechStopped(
-            audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms, item_id=self.speech_item,
-            previous_item_id=previous,
-        )
-
-    @property
-    def speech_interrupts(self) -> bool:
-        """True when speech that starts interrupts the running answer (``interrupt_response``)."""
-        turns = self.config.turn_detection
-        return turns is None or turns.interrupt_response
-
-    def answers_speech(self, answering: bool) -> bool:
-        """True when a spoken question is answered at once (``create_response``); with an answer
-        running, only when speech may interrupt it. Otherwise ``hold_spoken_question``."""
-        turns = self.config.turn_detection
-        return turns is None or (turns.create_response and (not answering or turns.interrupt_response))
-
-    def hold_spoken_question(self, question: SpokenQuestion) -> PendingInput:
-        """Keep a spoken question as an input of the next answer (a client's ``response.create``
-        or the next question); returns it. Raises ``audio_overflow``."""
-        if self._pending_audio_bytes() + len(question.pcm16) > self.limits.max_audio_bytes:
-            raise SessionError(ErrorCode.AUDIO_OVERFLOW, f"pending audio would exceed {self.limits.max_audio_bytes} bytes")
-        item = PendingInput(question.item_id, None, question.pcm16)
-        self.inputs.append(item)
-        return item
-
-    def transcribed_input(self, item_id: str, transcript: str) -> InputTranscribed | None:
-        """A held spoken input's words replace its audio; returns the event to send, or None
-        when the input is gone (deleted, or taken by an answer meanwhile)."""
-        item = next((i for i in self.inputs if i.item_id == item_id and i.pcm16), None)
-        if item is None:
-            return None
-        length_ms = audio_ms(item.pcm16)
-        item.text, item.pcm16, item.spoken = transcript.strip() or None, b"", True
-        if item.text is None:
-            self.inputs.remove(item)
-        return InputTranscribed(item_id=item_id, transcript=transcript, audio_ms=length_ms)
-
-    @staticmethod
-    def audio_ms(pcm16: bytes) -> float:
-        """How long 16 kHz PCM16 audio is, in ms."""
-        return audio_ms(pcm16)
-
-    def pcm(self, data: str) -> bytes:
-        """Base64 PCM16 as bytes. Raises ``invalid_audio``."""
-        return decode_pcm(data)
-
-    # ------------------------------------------------------------------ queries
-    def candidate_frames(self) -> list[Frame]:
-        """The frames a query may use now (some may still be decoding): the timeline's, then
-        the buffered frames that arrived after the last one it considered."""
-        held = self.timeline.frames
-        newer = [f for f in self.buffer.frames if not held or f.seq > held[-1].seq]
-        return [f for f in held if f.in_window] + newer
-
-    def plan_query(self, event: VideoQuery) -> Answer:
-        """Start an answer: pins its frames and takes the buffered audio (with turn detection
-        on, the buffer belongs to the detector: only ``audio_data`` is taken).
-
-        Raises ``no_frames`` when nothing is buffered, ``invalid_audio`` for bad audio.
-        """
-        extra = decode_pcm(event.audio_data) if event.audio_data else b""
-        frames = self.candidate_frames()
-        if not frames:
-            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send video.frame first")
-        pcm = extra
-        if self.detector is None:
-            pcm = self.mic.take() + extra
-        # spoken turns held by turn detection (create_response off) come first; v1 has no other inputs
-        held = [i.text for i in self.inputs if i.text]
-        pcm = b"".join(i.pcm16 for i in self.inputs) + pcm
-        question = "\n".join([*held, event.text]) if held else event.text
-        spoken = _spoken(self.inputs)
-        input_ids = [i.item_id for i in self.inputs]
-        self.inputs.clear()
-        audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        answer = self._plan(frames, question, audio)
-        answer.spoken, answer.input_ids = spoken, input_ids
-        return answer
-
-    def plan_spoken_query(self, question: SpokenQuestion) -> Answer:
-        """Start an answer to a question turn detection found. Raises ``no_frames``."""
-        frames = self.candidate_frames()
-        if not frames:
-            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the spoken question; send video.frame first")
-        answer = self._plan(frames, "", AudioSegment(f"audio-{len(question.pcm16)}", question.pcm16))
-        answer.input_ids = [question.item_id] if question.item_id else []
-        return answer
-
-    def plan_idle(self) -> tuple[Answer, IdleTimeout]:
-        """The answer a silence starts (no question: the conversation so far prompts it), and
-        the event that says why. Raises ``no_frames``."""
-        self.idle_at = None
-        frames = self.candidate_frames()
-        if not frames:
-            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the idle timeout's answer")
-        item_id = f"item_idle_{self.session_id[:8]}_{next(self._speech_items)}"
-        event = IdleTimeout(item_id=item_id, audio_start_ms=self._idle_since * 1000 / RATE,
-                            audio_end_ms=self.mic.total * 1000 / RATE)
-        answer = self._plan(frames, "", None)
-        answer.after_silence = True
-        return answer, event
-
-    def _plan(
-        self, frames: list[Frame], question: str, audio: AudioSegment | None, request: AnswerRequest | None = None
-    ) -> Answer:
-        self.idle_at = None  # an answer is asked: the silence it waited for is over
-        self.buffer.pin(frames)
-        sampling = self.config.sampling
-        max_tokens = sampling.max_tokens
-        modalities = list(self.config.modalities)
-        if request is not None and request.max_tokens is not None:
-            max_tokens = min(request.max_tokens, self.limits.max_answer_tokens)
-        if request is not None and request.modalities is not None:
-            wanted = [m for m in request.modalities if m == "text" or self.voice.output is not None]
-            modalities = list(dict.fromkeys(["text", *wanted]))
-        number = next(self._requests)
-        return Answer(
-            request_id=f"resp_{self.session_id[:8]}_{number}",
-            item_id=f"item_answer_{self.session_id[:8]}_{number}",
-            question=question,
-            frames=frames,
-            audio=audio,
-            sampling=Sampling(sampling.temperature, sampling.top_p, max_tokens, sampling.seed),
-            modalities=modalities,
-            instructions=request.instructions if request is not None else None,
-        )
-
-    def refuse_cancel(self, asked: bool) -> SessionError | None:
-        """A cancel of the running answer (``response.cancel`` on ``/v1/realtime``): the error
-        it gets when nothing is running and none is ``asked`` (read, not yet planned), else None."""
-        if self.running is None and not asked:
-            return SessionError(ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "there is no response in progress to cancel")
-        return None
-
-    @staticmethod
-    def configured_again() -> SessionError:
-        """What a second ``session.config`` gets (the session goes on as it was)."""
-        return SessionError(ErrorCode.INVALID_MESSAGE, "the session is already configured")
-
-    def check_request(self, request: AnswerRequest, answering: bool) -> None:
-        """Raises ``conversation_already_has_active_response`` for an exclusive request while
-        an answer is asked or running (OpenAI Realtime runs one response at a time)."""
-        if request.exclusive and answering:
-            raise SessionError(
-                ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
-                "a response is in progress; wait for its response.done (or cancel it) before creating another",
-            )
-
-    def plan_answer(self, request: AnswerRequest) -> Answer:
-        """Start an answer over the pending inputs (their text is the question, their audio
-        the spoken part); the inputs are used up unless the answer stays out of the
-        conversation. With ``input``, the answer's context is only that: its messages, and
-        the frames it names (else the buffered ones). Raises ``no_frames`` (inputs are kept)
-        and ``item_not_found`` (an input naming no item)."""
-        if request.input is not None:
-            return self._plan_own_context(request)
-        frames = self.candidate_frames()
-        if not frames:
-            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
-        question = "\n".join(i.text for i in self.inputs if i.text)
-        pcm = b"".join(i.pcm16 for i in self.inputs)
-        spoken = _spoken(self.inputs)
-        input_ids = [i.item_id for i in self.inputs]
-        if request.in_conversation:
-            self.inputs.clear()
-        audio = AudioSegment(f"audio-{len(pcm)}", pcm) if pcm and self.config.use_audio_in_video else None
-        answer = self._plan(frames, question, audio, request)
-        answer.spoken, answer.input_ids = spoken, input_ids if request.in_conversation else []
-        answer.in_conversation, answer.metadata = request.in_conversation, request.metadata
-        return answer
-
-    def _plan_own_context(self, request: AnswerRequest) -> Answer:
-        messages: list[InputMessage] = []
-        frames: list[Frame] = []
-        for part in request.input or []:
-            if part.item_id is None:
-                messages.append(part)
-                continue
-            frame = next((f for f in self.buffer.frames if f.frame_id is not None and str(f.frame_id) == part.item_id), None)
-            if frame is not None:
-                frames.append(frame)
-                continue
-            found = self.items.retrieve(part.item_id)  # raises item_not_found
-            if found.text:
-                role = found.role if found.role != "system" else "user"
-                messages.append(InputMessage(role=role, text=found.text))
-        frames = frames or self.candidate_frames()
-        if not frames:
-            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered; send an image first")
-        question = "\n".join(m.text for m in messages if m.text and m.role == "user")
-        answer = self._plan(frames, question, None, request)
-        answer.context, answer.metadata = messages, request.metadata
-        answer.in_conversation = request.in_conversation
-        return answer
-
     @property
     def running(self) -> Answer | None:
         """The answer asked or running, until its end or withdrawal."""
@@ -616,129 +354,6 @@ class SessionCore:
         self.items.appended(item_id)
         return AudioCommitted(item_id=item_id, audio_ms=audio_ms(pcm), previous_item_id=previous)
 
-    def needs_transcription(self, answer: Answer) -> bool:
-        """True when the answer's audio must become text (the engine takes no audio)."""
-        return answer.audio is not None and self.voice.transcribes
-
-    def settle_frames(self, answer: Answer) -> None:
-        """Drop the answer's frames whose decode failed. Raises ``no_frames`` if none is left."""
-        usable = [f for f in answer.frames if f.image is not None]
-        self.buffer.unpin([f for f in answer.frames if f.image is None])
-        answer.frames = usable
-        if not usable:
-            raise SessionError(ErrorCode.NO_FRAMES, "no usable frame is buffered")
-
-    def query_prompt(self, answer: Answer) -> Prompt:
-        """The prompt for a planned answer (its frames must be decoded): the timeline with the
-        answer's new frames admitted (its newest always) and the question closing the open turn.
-        Sets ``answer.used``, the frames the prompt holds."""
-        answer.prompted = True
-        answer.origin = self.origin
-        if answer.context is not None:  # the answer's own context, not the timeline
-            answer.used = [f for f in answer.frames if f.image is not None]
-            return self._render_context(answer)
-        timeline = self.timeline
-        timeline.forget_evicted()
-        usable = [f for f in answer.frames if f.image is not None]
-        timeline.admit(usable, newest=usable[-1] if usable else None)
-        answer.used = timeline.frames
-        return replace(self._render(answer.question, answer.audio, answer.instructions), spoken=answer.spoken)
-
-    def _render_context(self, answer: Answer) -> Prompt:
-        """An answer's own ``input``: its messages in order, the frames first, the last user
-        message asking."""
-        messages = answer.context or []
-        last_user = max((n for n, m in enumerate(messages) if m.role == "user"), default=None)
-        turns = []
-        for n, m in enumerate(messages):
-            if n != last_user:
-                turns.append(TimelineTurn([], [Message(m.role if m.role != "system" else "user", m.text or "")]))
-        question = messages[last_user].text or "" if last_user is not None else ""
-        return render_timeline(
-            system_prompt=answer.instructions or self.system_text(), history=(), turns=turns,
-            open_frames=answer.used, origin=self.origin, timestamps=self.config.frame_timestamps, question=question,
-        )
-
-    def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
-        timeline = self.timeline
-        return render_timeline(
-            system_prompt=instructions or self.system_text(),
-            history=timeline.history,
-            turns=timeline.turns,
-            open_frames=timeline.open,
-            origin=self.origin,
-            timestamps=self.config.frame_timestamps,
-            audio=audio,
-            question=question,
-        )
-
-    def _release(self, answer: Answer) -> None:
-        self.buffer.unpin(answer.frames)
-        answer.frames = []
-
-    def _keep(self, answer: Answer) -> None:
-        """What an ended answer leaves in the timeline. One that reached the engine closes
-        the open turn with its text as generated (a failed one leaves the turn open); an
-        interrupted one keeps the text it got to, marked (``timeline.INTERRUPTED_MARK``); one
-        the client truncated while it ran keeps what was heard, one it deleted only its
-        question. An answer out of the conversation leaves the timeline as it was."""
-        kept = answer.kept_text
-        if kept is None or not answer.prompted or not answer.in_conversation:
-            return
-        text = interrupted_answer(kept) if answer.outcome is Outcome.INTERRUPTED else kept
-        pieces = answer.audio_pieces
-        reply = Message("assistant", text, (answer.item_id,), tuple(pieces))
-        if answer.heard_ms is not None and pieces:
-            heard = heard_text(reply, answer.heard_ms)
-            cut = tuple(p for p in pieces if p[0] <= answer.heard_ms)
-            reply = Message("assistant", heard, (answer.item_id,), (*cut, (float(answer.heard_ms), "")))
-        question = Message("user", answer.question, tuple(answer.input_ids))
-        if answer.context is not None:
-            self.close_open_turn([] if answer.deleted else [reply])
-        else:
-            self.timeline.close_with([question] if answer.deleted else [question, reply])
-
-    def close_open_turn(self, messages: list[Message]) -> None:
-        """The client put an assistant message at the end: the frames shown since the last
-        turn (the decoded ones) and ``messages`` become a turn."""
-        self.timeline.forget_evicted()
-        self.timeline.admit(self.buffer.frames)
-        self.timeline.close_with(messages)
-        self.timeline.edited = True
-
-    # ------------------------------------------------------------------ warm prefix
-    def warm_frames(self) -> list[Frame]:
-        """Bring the timeline up to date with the buffer (evicted frames out, decoded new
-        frames in, up to the first still decoding) and return its frames: what a warm
-        prefix covers now. Returns none when there is nothing to warm: no frame has come
-        since the last answer and none has left (the answer itself is cached already).
-        Frames that left during an answer are forgotten here or by the next query."""
-        before = self.timeline.frames
-        self.timeline.forget_evicted()
-        self.timeline.admit(self.buffer.frames)
-        frames = self.timeline.frames
-        edited, self.timeline.edited = self.timeline.edited, False
-        if not self.timeline.open and frames == before and not edited:
-            return []
-        return frames
-
-    def warm_prompt(self, frames: list[Frame] | None = None) -> Prompt:
-        """The open prefix that the next query will start with (``frames``: ``warm_frames()``)."""
-        return self._render(None)
-
-    def next_warm(self) -> WarmStep | None:
-        """The prefill due now (its frames pinned until ``warmed``), or None when the
-        engine's prefix already covers everything (``warm_frames``)."""
-        frames = self.warm_frames()
-        if not frames:
-            return None
-        self.buffer.pin(frames)
-        return WarmStep(frames, self.warm_prompt(frames))
-
-    def warmed(self, step: WarmStep) -> None:
-        """A prefill ended (done, failed or stopped by a question): its frames may go."""
-        self.buffer.unpin(step.frames)
-
     # ------------------------------------------------------------------ watches
     def apply_watch(self, event: WatchCreate | WatchUpdate | WatchDelete) -> list[ServerEvent]:
         """``watch.create`` / ``.update`` / ``.delete``; returns the event to send. Raises
@@ -784,19 +399,6 @@ class SessionCore:
             decisions.checks = len(results)
         decisions.skipped = self.check_rounds.ended(results is not None)
         return decisions
-
-    def plan_watch(self, fire: Fire) -> Answer:
-        """The answer to a fired watch: over the buffered frames, asked its watch's question,
-        marked with its trigger. Raises ``no_frames``."""
-        frames = self.candidate_frames()
-        if not frames:
-            raise SessionError(ErrorCode.NO_FRAMES, "no frame is buffered for the watch's answer")
-        spec = fire.watch.spec
-        answer = self._plan(frames, fire.question, None)
-        tokens = min(spec.response.max_tokens or WATCH_ANSWER_TOKENS, self.limits.max_answer_tokens)
-        answer.sampling = replace(answer.sampling, max_tokens=tokens)
-        answer.trigger = ResponseTrigger(watch_id=fire.watch.watch_id)
-        return answer
 
     def close(self) -> None:
         """Release every frame and buffer; the session is over."""

@@ -30,23 +30,23 @@ from collections.abc import Callable
 import anyio
 from anyio.abc import TaskGroup
 
-from handlers.core.effects import FrameShed, Handle, Now, Read
-from handlers.core.machine import SessionMachine, Source, error_event
-from handlers.core.negotiation import Limits, VoicePaths, opening_config
+from handlers.core.effects import Closed, FrameShed, Handle, Now, Opened, Read
+from handlers.core.machine import CONTROL, Phase, SessionMachine, Source, error_event
+from handlers.core.negotiation import Limits, opening_config
 from handlers.core.rate_limit import ControlBudget, ControlLimits, Verdict
-from handlers.core.session_core import Phase
+
 from handlers.session import log_context
 from handlers.session.executor import Executor
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import SessionObserver
 from handlers.session.resume import ParkedSession, ParkingLot
 from handlers.session.transport import Disconnected, Transport
+from handlers.session.voice import voice_paths
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio
 from handlers.wire.errors import CLOSE_CODES, ErrorCode, Origin, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
-    Ping,
     ResponseCancel,
     ServerEvent,
     SessionClosing,
@@ -58,34 +58,19 @@ from handlers.wire.protocol import (
     origin_of,
 )
 from server import blocking
-from server.engines.base import Capabilities, Engine
+from server.engines.base import Engine
 from server.speech.base import Voice
 
 log = logging.getLogger("livesight.session")
 
 #: Client events that are media: bounded by bytes and shed under load, not rate-limited.
 MEDIA = (VideoFrame, AudioChunkIn)
-#: Client events answered when read, never queued.
-CONTROL = (Ping, ResponseCancel, CancelRequest, SessionConfig)
 #: Client events that start or stop an answer: they also take from the answer budget.
 ANSWER_MOVES = (VideoQuery, AnswerRequest, ResponseCancel, CancelRequest, ClearOutputAudio)
 
 
 def now_ms() -> float:
     return time.time() * 1000.0
-
-
-def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
-    """What the engine does itself and what the voice stages add: native first, never both."""
-    voice = voice or Voice()
-    synth, asr = voice.synthesizer, voice.transcriber
-    return VoicePaths(
-        output="native" if capabilities.audio_output else (synth.name if synth else None),
-        input="native" if capabilities.audio_input else (asr.name if asr else None),
-        vad_window=voice.vad.window_samples if voice.vad else None,
-        default_voice=None if capabilities.audio_output or synth is None else synth.default_voice,
-        knows_voice=synth.knows_voice if synth and not capabilities.audio_output else (lambda v: True),
-    )
 
 
 class Session:
@@ -162,7 +147,7 @@ class Session:
                 if not self.core.warm_prefix and self.core.config.prefix_warmup:
                     log.info("session %s: no prefix warmup, engine %r cannot keep a prefix",
                              self.id[:8], self.engine.capabilities.name)
-                await self.executor.execute(self.core.opened(Now.read()))
+                await self.executor.input(Opened())
                 tg.start_soon(self.executor.timers)
                 tg.start_soon(self._read, frames_in, turns_in)
                 tg.start_soon(self._take_frames, frames_out)
@@ -271,7 +256,7 @@ class Session:
     async def _fail(self, exc: SessionError) -> None:
         """Send a closing error and close."""
         await self.report(exc)
-        self.core.shut()
+        self.core.receive(Closed(), Now.read())
         await self.transport.close(CLOSE_CODES.get(exc.code, 1008))
 
     # ------------------------------------------------------------------ errors and sending
@@ -290,7 +275,7 @@ class Session:
         """Close with the codec's code and reason; the session ends for good (it is not parked)."""
         log.info("closing: %s (%d)", close.reason, close.code)
         self.close_code = close.code
-        self.core.shut()
+        self.core.receive(Closed(), Now.read())
         await self.transport.close(close.code, close.reason)
         raise Disconnected(close.code)
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from handlers.core.session_core import SessionCore
+from handlers.core.machine import SessionMachine
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.protocol import SessionReady
 
@@ -35,7 +35,7 @@ class ParkedSession:
     """A session without a connection, as its client left it."""
 
     session_id: str
-    core: SessionCore
+    core: SessionMachine
     owner: str  # digest of the API key that opened it ("" when keys are off)
     ready: SessionReady  # what the client was told at the start (resume repeats it)
     expires_at: float = 0.0

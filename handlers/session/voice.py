@@ -22,7 +22,9 @@ from anyio.abc import TaskStatus
 
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.session.transport import Disconnected
-from server.speech.base import SpeechError, Synthesizer, TranscriptStream
+from handlers.core.negotiation import VoicePaths
+from server.engines.base import Capabilities
+from server.speech.base import SpeechError, Synthesizer, TranscriptStream, Voice
 from server.speech.wav import OUTPUT_RATE, encode_wav, silence
 
 log = logging.getLogger("livesight.speech")
@@ -257,3 +259,16 @@ class Listening:
         """Stop now and wait until the transcriber is released (idempotent)."""
         self._scope.cancel()
         await self._done.wait()
+
+
+def voice_paths(capabilities: Capabilities, voice: Voice | None) -> VoicePaths:
+    """What the engine does itself and what the voice stages add: native first, never both."""
+    voice = voice or Voice()
+    synth, asr = voice.synthesizer, voice.transcriber
+    return VoicePaths(
+        output="native" if capabilities.audio_output else (synth.name if synth else None),
+        input="native" if capabilities.audio_input else (asr.name if asr else None),
+        vad_window=voice.vad.window_samples if voice.vad else None,
+        default_voice=None if capabilities.audio_output or synth is None else synth.default_voice,
+        knows_voice=synth.knows_voice if synth and not capabilities.audio_output else (lambda v: True),
+    )

@@ -188,3 +188,67 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_no_import_cycles() -> None:
     """No module imports itself back through others, counting imports inside functions."""
     assert cycles(import_graph()) == []
+
+
+# ---------------------------------------------------------------------------- the core's surface
+#: What of handlers/core the session layer may import: the machine and its vocabulary, the
+#: values it hands out (answers, jobs), config negotiation and the control budget's buckets.
+CORE_FOR_SESSION = ("handlers.core.machine", "handlers.core.effects", "handlers.core.answer", "handlers.core.jobs",
+                    "handlers.core.negotiation", "handlers.core.rate_limit")
+#: Read-only values on the surface whose fields may be read (``core.limits.max_queue``).
+VALUE_FIELDS = ("limits", "config")
+
+
+def _core_reaches(tree: ast.AST) -> Iterator[tuple[int, str, str | None]]:
+    """Each ``<x>.core.NAME`` (``core.NAME`` on a local named core) in ``tree``: the line, NAME
+    and the attribute read from it, if any (``core.NAME.FIELD``)."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        is_core = (isinstance(owner, ast.Attribute) and owner.attr == "core") or (
+            isinstance(owner, ast.Name) and owner.id == "core")
+        if is_core:
+            parent = parents.get(node)
+            field = parent.attr if isinstance(parent, ast.Attribute) and parent.value is node else None
+            yield node.lineno, node.attr, field
+
+
+def test_the_session_layer_reads_only_the_cores_surface() -> None:
+    """handlers/session calls the core through its entry points and reads only its documented
+    surface (and fields of its read-only values); it imports nothing of the core's parts."""
+    from handlers.core.machine import SessionMachine
+
+    allowed = SessionMachine.ENTRY_POINTS | SessionMachine.SURFACE
+    bad = []
+    for name, path in modules().items():
+        if not name.startswith("handlers.session"):
+            continue
+        tree = ast.parse(path.read_text())
+        for line, attr, field in _core_reaches(tree):
+            if attr not in allowed:
+                bad.append(f"{path.name}:{line}: core.{attr}")
+            elif field is not None and attr not in VALUE_FIELDS and attr not in SessionMachine.ENTRY_POINTS:
+                bad.append(f"{path.name}:{line}: core.{attr}.{field}")
+        for imp in imports()[name]:
+            if imp.module.startswith("handlers.core") and not imp.module.startswith(CORE_FOR_SESSION):
+                bad.append(f"{path.name}:{imp.line}: imports {imp.module}")
+    assert bad == []
+
+
+def test_the_adapter_calls_the_core_through_at_most_five_entry_points() -> None:
+    """The WebSocket adapter and its executor call the core through no more than five methods."""
+    from handlers.core.machine import SessionMachine
+
+    called = set()
+    for name in ("handlers.session.adapter", "handlers.session.executor"):
+        tree = ast.parse(modules()[name].read_text())
+        called |= {attr for _, attr, _ in _core_reaches(tree) if attr in SessionMachine.ENTRY_POINTS}
+    assert len(called) <= 5, called
+
+
+def test_the_surface_check_can_fail() -> None:
+    """A reach into the core's parts and a chain through it are both named."""
+    tree = ast.parse("self.core.buffer.frames\nself.core.limits.max_queue\ncore.receive(x)\n")
+    assert list(_core_reaches(tree)) == [(1, "buffer", "frames"), (2, "limits", "max_queue"), (3, "receive", None)]

@@ -1,0 +1,220 @@
+"""The core's harness, in the spirit of Pipecat's ``run_test(processor, frames_in, frames_out)``:
+steps in, effects out, through the real ``SessionMachine`` with no socket, engine or clock.
+
+A step is an input (``Read``, ``Handle``, ``FrameShed``, ``Tick``), a job's result, or one of
+the shorthands below, which finish the newest job of a kind the way an executor would:
+``frame`` (a client's frame, prepared for real), ``Warm`` (the newest prefill ended),
+``Checks`` (the newest round of checks ended with these probabilities), ``Reply`` (the newest
+answer generated text and ended), ``End`` (the newest answer ended, e.g. after a ``Stop``),
+``At`` (the clock moves). ``run_core(steps)`` returns every effect, and ``said(effects)``
+reads them as short words for table tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
+
+from handlers.core.answer import Outcome
+from handlers.core.effects import (
+    Check,
+    Checked,
+    Effect,
+    Ended,
+    FrameShed,
+    Generated,
+    Handle,
+    Now,
+    Prefill,
+    Prepare,
+    Prepared,
+    Read,
+    Send,
+    StartAnswer,
+    Stop,
+    Tick,
+    Timer,
+    Warmed,
+)
+from handlers.core.jobs import CheckStep, WarmStep
+from handlers.core.machine import SessionMachine, Source
+from handlers.core.negotiation import Limits, VoicePaths
+from handlers.media.preparation import ImageLimits, prepare_frame
+from handlers.wire.protocol import SessionConfig, VideoFrame, parse_client_event
+from server.engines.base import AudioChunk, Capabilities, Finished, TextDelta, Usage
+from tests.protocol_client import b64, jpeg_frame
+
+LIMITS = Limits(
+    max_frame_bytes=1_000_000, max_audio_bytes=1_000_000, max_queue=10, idle_timeout_s=5, max_history_turns=4,
+    max_answer_tokens=64, min_check_interval_ms=0,
+)
+
+
+def machine(
+    *, warm: bool = True, probabilities: bool = True, voice: VoicePaths | None = None, source: Source | None = None,
+    limits: Limits = LIMITS, **config: object,
+) -> SessionMachine:
+    """A configured core: an engine that keeps a warm prefix and reads token probabilities
+    unless told otherwise, with ``config`` as the client's ``session.config``."""
+    capabilities = Capabilities(name="x", model="m", warm_prefix=warm, token_probabilities=probabilities)
+    core = SessionMachine("s1", limits, capabilities, voice or VoicePaths(), source)
+    core.configure(SessionConfig(**config))
+    return core
+
+
+def client(**message: object) -> object:
+    """A client event as the v1 codec parses it (``type`` and fields)."""
+    return parse_client_event(json.dumps(message))
+
+
+def ask(text: str = "what is here?") -> list[object]:
+    """A question as the adapter hands it to the core: read, then due in its lane."""
+    event = client(type="video.query", text=text)
+    return [Read(event), Handle(event)]
+
+
+@dataclass(frozen=True)
+class frame:  # noqa: N801 (a step, read like an input)
+    """A client's frame: due in its lane, prepared for real (seed: the picture)."""
+
+    seed: int
+    frame_id: str | int | None = None
+
+
+@dataclass(frozen=True)
+class Warm:
+    """The newest prefill ended."""
+
+
+@dataclass(frozen=True)
+class Checks:
+    """The newest round of checks ended: probability per watch id (None: it failed or was stopped)."""
+
+    probabilities: dict[str, float] | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The newest answer said ``text`` (and engine ``audio`` pieces) and ended (completed)."""
+
+    text: str = "ok"
+    audio: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class End:
+    """The newest answer's job ended with ``outcome`` (interrupted: after a ``Stop``)."""
+
+    outcome: Outcome = Outcome.INTERRUPTED
+    error_code: str | None = None
+
+
+@dataclass(frozen=True)
+class At:
+    """The clock moves to ``s`` seconds."""
+
+    s: float
+
+
+#: Every effect each core has said in this process's runs, oldest first: a later run's
+#: shorthands finish the jobs an earlier run started.
+_SAID: WeakKeyDictionary[SessionMachine, list[Effect]] = WeakKeyDictionary()
+
+
+@dataclass
+class Run:
+    """What the core said in one ``run_core`` call, in order, and the core itself."""
+
+    core: SessionMachine
+    effects: list[Effect] = field(default_factory=list)
+
+    def newest(self, kind: type) -> Effect:
+        """The newest effect of ``kind`` this core has said, in any run."""
+        return next(e for e in reversed(_SAID[self.core]) if isinstance(e, kind))
+
+    def add(self, effects: list[Effect]) -> None:
+        self.effects += effects
+        _SAID[self.core] += effects
+
+    @property
+    def sent(self) -> list[str]:
+        """The types of the events sent, in order."""
+        return [e.event.type for e in self.effects if isinstance(e, Send)]
+
+
+def run_core(steps: Iterable[object], core: SessionMachine | None = None, *, start: float = 100.0,
+             step_s: float = 0.01) -> Run:
+    """Feed ``steps`` to ``core`` (a fresh ``machine()`` unless given), the clock moving
+    ``step_s`` each step from ``start``; returns every effect."""
+    run = Run(core or machine())
+    _SAID.setdefault(run.core, [])
+    clock = start
+    for step in steps:
+        clock += step_s
+        if isinstance(step, At):
+            clock = step.s
+            continue
+        now = Now(clock, clock * 1000)
+        for item in _expand(step, run, now):
+            if isinstance(item, (Read, Handle, FrameShed, Tick)):
+                run.add(run.core.receive(item, now))
+            else:
+                run.add(run.core.completed(item, now))
+    return run
+
+
+def _expand(step: object, run: Run, now: Now) -> list[object]:
+    """The inputs and results a shorthand step stands for."""
+    if isinstance(step, frame):
+        data = jpeg_frame(step.seed)
+        event = VideoFrame(type="video.frame", data=b64(data), frame_id=step.frame_id)
+        prepare = run.core.receive(Handle(event, now.s), now)
+        run.add(prepare)
+        if not prepare or not isinstance(prepare[-1], Prepare):
+            return []
+        return [Prepared(event, prepare_frame(event.data, event.frame_id, ImageLimits(), None), now.wall_ms)]
+    if isinstance(step, Warm):
+        warm: WarmStep = run.newest(Prefill).step  # type: ignore[attr-defined]
+        return [Warmed(warm)]
+    if isinstance(step, Checks):
+        round_: CheckStep = run.newest(Check).step  # type: ignore[attr-defined]
+        probs = step.probabilities
+        results = None if probs is None else [(wid, probs[wid], 1.0) for wid, _ in round_.prompts]
+        return [Checked(round_, results)]
+    if isinstance(step, Reply):
+        answer = run.newest(StartAnswer).answer  # type: ignore[attr-defined]
+        pieces = [Generated(answer, AudioChunk(wav)) for wav in step.audio]
+        return [Generated(answer, TextDelta(step.text)), *pieces,
+                Generated(answer, Finished("stop", Usage(completion_tokens=1))), Ended(answer, Outcome.COMPLETED)]
+    if isinstance(step, End):
+        answer = run.newest(StartAnswer).answer  # type: ignore[attr-defined]
+        return [Ended(answer, step.outcome, step.error_code)]
+    return [step]
+
+
+def said(effects: Iterable[Effect]) -> list[str]:
+    """Effects as short words: ``send response.start``, ``prefill``, ``check``, ``answer``,
+    ``stop answer:question`` (a stopped answer and its cause), ``stop prefill``, ``timer``, ..."""
+    words = []
+    for effect in effects:
+        if isinstance(effect, Send):
+            words.append(f"send {effect.event.type}")
+        elif isinstance(effect, Stop):
+            job = effect.job
+            what = "prefill" if isinstance(job, WarmStep) else "check" if isinstance(job, CheckStep) else "answer"
+            words.append(f"stop {what}" + (f":{job.stopped_by}" if what == "answer" else ""))
+        elif isinstance(effect, StartAnswer):
+            words.append("answer")
+        elif isinstance(effect, Timer):
+            words.append("timer" if effect.at is not None else "no timer")
+        elif type(effect).__name__ == "Tally":
+            continue
+        else:
+            words.append(_snake(type(effect).__name__))
+    return words
+
+
+def _snake(name: str) -> str:
+    return "".join(f" {c.lower()}" if c.isupper() else c for c in name).strip()
