@@ -214,14 +214,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:
-        await serve(ws, V1Codec(), "video_chat")
+        await serve(ws, V1Codec(settings.max_message_bytes), "video_chat")
 
     @app.websocket(REALTIME_PATH)
     async def realtime(ws: WebSocket) -> None:
-        await serve(ws, RealtimeCodec(ws.query_params.get("model")), "realtime")
+        await serve(ws, RealtimeCodec(ws.query_params.get("model"), settings.max_message_bytes), "realtime")
 
     async def gemini_live(ws: WebSocket) -> None:
-        await serve(ws, LiveCodec(), "gemini_live")
+        await serve(ws, LiveCodec(settings.max_message_bytes), "gemini_live")
 
     for path in LIVE_PATHS:
         app.add_api_websocket_route(path, gemini_live)

@@ -31,34 +31,47 @@ import base64
 import itertools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from handlers.live import messages as live
 from handlers.media.preparation import decode_base64
+from handlers.wire.audio import microphone_audio, speaker_audio
+from handlers.wire.client_events import (
+    AudioChunkIn,
+    ResponseCancel,
+    SessionConfig,
+    TurnDetectionChange,
+    VideoFrame,
+    VideoQuery,
+    describe_validation_error,
+)
 from handlers.wire.codec import CloseConnection, CoreInput
 from handlers.wire.commands import AnswerRequest, ClearAudio, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import (
-    AudioChunkIn,
+from handlers.wire.fields import (
+    LIVE_ONLY_FIELDS,
+    LIVESIGHT_FIELDS,
+    MAX_ANSWER_TOKENS,
+    MAX_ITEM_TEXT_CHARS,
+    MAX_QUESTION_CHARS,
+)
+from handlers.wire.running_answer import AnswerTracker
+from handlers.wire.server_events import (
     ErrorEvent,
     FrameAck,
     InputAudioTranscript,
     ResponseAudioDelta,
-    ResponseCancel,
     ResponseDone,
     ResponseStart,
     ResponseTextDelta,
     ServerEvent,
     SessionClosing,
-    SessionConfig,
     SessionReady,
-    VideoFrame,
-    VideoQuery,
-    describe_validation_error,
 )
-from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, parse_wav, resample
+from server.speech.wav import INPUT_RATE, OUTPUT_RATE
 
 log = logging.getLogger("livesight.live")
 
@@ -96,16 +109,9 @@ _LIVE_REASONS = {
 MAX_REASON_BYTES = 123
 IMAGE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/webp"})
 #: What ``livesight`` in ``setup`` may set: the ``session.config`` fields Live has no name for.
-LIVESIGHT_FIELDS = frozenset(
-    {"num_frames", "max_frames", "enable_frame_filter", "frame_filter_threshold", "frame_timestamps",
-     "prefix_warmup", "use_audio_in_video", "speech_rate", "watches"}
-)
+SETUP_LIVESIGHT_FIELDS = frozenset(LIVESIGHT_FIELDS + LIVE_ONLY_FIELDS)
 #: Silence past the session's ``silence_ms`` that ``audioStreamEnd`` stands for.
 STREAM_END_MARGIN_MS = 100
-#: The longest question (``video.query``'s limit).
-MAX_QUESTION_CHARS = 20_000
-#: The most ``maxOutputTokens`` the core takes (it lowers it further to the server's limit).
-MAX_OUTPUT_TOKENS = 4096
 _SENSITIVITY = {"START_SENSITIVITY_HIGH": 0.3, "START_SENSITIVITY_LOW": 0.7}
 _MODALITY = {"text_tokens": "TEXT", "image_tokens": "IMAGE", "audio_tokens": "AUDIO"}
 
@@ -154,7 +160,8 @@ class LiveCodec:
     #: or ends (turn detection), so it is transcribed while it arrives.
     commits_audio = False
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int | None = None) -> None:
+        self._max_bytes = max_message_bytes  # the server's max_message_bytes (None: the transport's only)
         self._prefix = uuid.uuid4().hex[:6]  # frame ids stay unique in a resumed session
         self._index = itertools.count()  # client messages, setup = 0
         self._configured = False
@@ -165,7 +172,7 @@ class LiveCodec:
         self._output_words = False  # outputAudioTranscription asked
         self._interrupts = True  # activityStart stops the running answer
         self._manual = False  # automatic activity detection disabled: activityStart/End
-        self._audio_answer = False  # the running answer speaks
+        self._answers = AnswerTracker()  # the running answer: whether it speaks
         self._silence_ms: int | None = None  # the session's silence that ends speech (turn detection on)
 
     # ------------------------------------------------------------------ connect
@@ -178,7 +185,7 @@ class LiveCodec:
         index = next(self._index)
         if not self._configured:
             try:
-                message = live.parse_client_message(raw)
+                message = live.parse_client_message(raw, max_bytes=self._max_bytes)
                 if message.setup is None:
                     raise SessionError(
                         ErrorCode.INVALID_CONFIG, f"the first message must be setup, not {message.kind()}"
@@ -190,7 +197,7 @@ class LiveCodec:
                 raise SessionError(ErrorCode.INVALID_CONFIG, f"setup: {exc.message}") from None
             self._configured = True
             return [config]
-        message = live.parse_client_message(raw)
+        message = live.parse_client_message(raw, max_bytes=self._max_bytes)
         if message.setup is not None:
             raise SessionError(ErrorCode.INVALID_MESSAGE, "setup was already sent: a session takes one setup")
         if message.tool_response is not None:
@@ -215,7 +222,7 @@ class LiveCodec:
         if gen.seed is not None:
             sampling["seed"] = gen.seed
         if gen.max_output_tokens is not None:
-            sampling["max_tokens"] = min(gen.max_output_tokens, MAX_OUTPUT_TOKENS)
+            sampling["max_tokens"] = min(gen.max_output_tokens, MAX_ANSWER_TOKENS)
         voice = None
         speech = gen.speech_config.voice_config if gen.speech_config else None
         if speech and speech.prebuilt_voice_config:
@@ -230,7 +237,7 @@ class LiveCodec:
         if sampling:
             fields["sampling"] = sampling
         extra = setup.livesight or {}
-        unknown = sorted(set(extra) - LIVESIGHT_FIELDS)
+        unknown = sorted(set(extra) - SETUP_LIVESIGHT_FIELDS)
         if unknown:
             raise SessionError(ErrorCode.INVALID_CONFIG, f"livesight: unknown fields {', '.join(unknown)[:80]}")
         if extra.get("watches") and not (setup.proactivity and setup.proactivity.proactive_audio):
@@ -257,14 +264,11 @@ class LiveCodec:
         self._manual = bool(aad.disabled)
         if self._manual:
             return None
-        vad: dict[str, Any] = {"interrupt_response": self._interrupts}
-        if aad.start_of_speech_sensitivity in _SENSITIVITY:
-            vad["threshold"] = _SENSITIVITY[aad.start_of_speech_sensitivity]
-        if aad.silence_duration_ms is not None:
-            vad["silence_ms"] = aad.silence_duration_ms
-        if aad.prefix_padding_ms is not None:
-            vad["prefix_padding_ms"] = aad.prefix_padding_ms
-        return vad
+        threshold = _SENSITIVITY.get(aad.start_of_speech_sensitivity or "")
+        return TurnDetectionChange(
+            threshold=threshold, silence_ms=aad.silence_duration_ms, prefix_padding_ms=aad.prefix_padding_ms,
+            interrupt_response=self._interrupts,
+        ).as_config()
 
     def _realtime(self, event: live.RealtimeInput, index: int) -> list[CoreInput]:
         given = [name for name in type(event).model_fields if getattr(event, name) is not None]
@@ -308,11 +312,7 @@ class LiveCodec:
             return VideoFrame(type="video.frame", data=standard_base64(blob.data), frame_id=frame_id)
         rate = audio_rate(blob.mime_type)
         raw = decode_base64(standard_base64(blob.data), ErrorCode.INVALID_AUDIO, "audio")
-        if len(raw) % 2:
-            raise SessionError(ErrorCode.INVALID_AUDIO, "PCM16 audio must have an even number of bytes")
-        if rate != INPUT_RATE:
-            raw = resample(Pcm(raw, rate), INPUT_RATE).samples
-        return AudioChunkIn(type="audio.chunk", data=base64.b64encode(raw).decode("ascii"))
+        return AudioChunkIn(type="audio.chunk", data=microphone_audio(raw, rate))
 
     def _content(self, content: live.ClientContent, index: int) -> list[CoreInput]:
         """Images are frames; each turn's text is a conversation item (a ``model`` turn the
@@ -340,7 +340,7 @@ class LiveCodec:
         if content.turn_complete:
             while texts and texts[-1][0] == "user":
                 question.insert(0, texts.pop()[1])
-        if any(len(text) > MAX_QUESTION_CHARS for _, text in texts) or len("\n".join(question)) > MAX_QUESTION_CHARS:
+        if any(len(text) > MAX_ITEM_TEXT_CHARS for _, text in texts) or len("\n".join(question)) > MAX_QUESTION_CHARS:
             raise SessionError(
                 ErrorCode.INVALID_MESSAGE, f"clientContent: a turn's text is at most {MAX_QUESTION_CHARS} characters"
             )
@@ -355,35 +355,29 @@ class LiveCodec:
 
     # ------------------------------------------------------------------ core -> client
     def encode(self, event: ServerEvent) -> list[str]:
-        return [m.encode() for m in self._encode(event)]
+        encoder = _ENCODERS.get(type(event))
+        if encoder is None:
+            return []  # no Live counterpart: frames consumed, speech started/stopped, items, pong
+        return [m.encode() for m in encoder(self, event)]
 
-    def _encode(self, event: ServerEvent) -> list[live.ServerMessage]:
-        if isinstance(event, SessionReady):
-            return self._ready(event)
-        if isinstance(event, ResponseStart):
-            self._audio_answer = "audio" in event.modalities
+    def _response_start(self, event: ResponseStart) -> list[live.ServerMessage]:
+        self._answers.start(event, event.item_id or event.request_id)
+        return []
+
+    def _text_delta(self, event: ResponseTextDelta) -> list[live.ServerMessage]:
+        if not self._answers.speaking:
+            return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(text=event.delta)]))]
+        if self._output_words:
+            return [_content(output_transcription=live.Transcription(text=event.delta))]
+        return []
+
+    def _question_transcript(self, event: InputAudioTranscript) -> list[live.ServerMessage]:
+        if not self._input_words:
             return []
-        if isinstance(event, ResponseTextDelta):
-            if not self._audio_answer:
-                return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(text=event.delta)]))]
-            if self._output_words:
-                return [_content(output_transcription=live.Transcription(text=event.delta))]
-            return []
-        if isinstance(event, ResponseAudioDelta):
-            return self._audio(event)
-        if isinstance(event, InputAudioTranscript):
-            if not self._input_words:
-                return []
-            return [_content(input_transcription=live.Transcription(text=event.transcript, finished=True))]
-        if isinstance(event, ResponseDone):
-            return self._done(event)
-        if isinstance(event, FrameAck):
-            return self._frame(event)
-        if isinstance(event, SessionClosing):
-            return [live.ServerMessage(go_away=live.GoAway(time_left=_duration(event.deadline_ms)))]
-        if isinstance(event, ErrorEvent):
-            return self._error(event)
-        return []  # no Live counterpart: frames consumed, speech started/stopped, items, pong
+        return [_content(input_transcription=live.Transcription(text=event.transcript, finished=True))]
+
+    def _closing(self, event: SessionClosing) -> list[live.ServerMessage]:
+        return [live.ServerMessage(go_away=live.GoAway(time_left=_duration(event.deadline_ms)))]
 
     def _ready(self, event: SessionReady) -> list[live.ServerMessage]:
         for note in event.notes:
@@ -418,17 +412,16 @@ class LiveCodec:
 
     def _audio(self, event: ResponseAudioDelta) -> list[live.ServerMessage]:
         try:
-            pcm = parse_wav(base64.b64decode(event.data))
+            pcm = speaker_audio(event.data, OUTPUT_RATE)
         except ValueError as exc:
             log.warning("engine audio could not be converted: %s", exc)
             return []
-        if pcm.rate != OUTPUT_RATE:
-            pcm = resample(pcm, OUTPUT_RATE)
-        data = base64.b64encode(pcm.samples).decode("ascii")
+        data = base64.b64encode(pcm).decode("ascii")
         blob = live.InlineData(mime_type=f"audio/pcm;rate={OUTPUT_RATE}", data=data)
         return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(inline_data=blob)]))]
 
     def _done(self, event: ResponseDone) -> list[live.ServerMessage]:
+        self._answers.finish()
         usage = _usage(event)
         if event.status == "completed":
             return [
@@ -481,3 +474,17 @@ def _usage(event: ResponseDone) -> live.UsageMetadata:
         prompt_tokens_details=details,
         response_tokens_details=[live.ModalityTokenCount(modality="TEXT", token_count=usage.completion_tokens)],
     )
+
+
+#: Each core event's translation into Live messages (a core event not here has none).
+_ENCODERS: dict[type, Callable[[LiveCodec, Any], list[live.ServerMessage]]] = {
+    SessionReady: LiveCodec._ready,
+    ResponseStart: LiveCodec._response_start,
+    ResponseTextDelta: LiveCodec._text_delta,
+    ResponseAudioDelta: LiveCodec._audio,
+    InputAudioTranscript: LiveCodec._question_transcript,
+    ResponseDone: LiveCodec._done,
+    FrameAck: LiveCodec._frame,
+    SessionClosing: LiveCodec._closing,
+    ErrorEvent: LiveCodec._error,
+}

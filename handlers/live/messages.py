@@ -15,27 +15,27 @@ Server -> client (each message a ``LiveServerMessage``): setupComplete, serverCo
 turnComplete, interrupted, inputTranscription, outputTranscription), usageMetadata,
 goAway, sessionResumptionUpdate.
 
-Keys are read as proto3 JSON reads them: lowerCamelCase or the proto's snake_case, in any
-mix (the google-genai SDK sends ``realtime_input`` beside ``mimeType``); a message that
-gives one field under both names is refused. Media base64 may use either alphabet
-(standard or URL-safe), with or without padding. Types are strict: a string where a number
-belongs is refused, nothing is coerced.
+A message is read through the JSON front end every protocol shares
+(``handlers/wire/strict_json.py``: no ``NaN``, no lone surrogate, bounded nesting, each with
+v1's code). Keys are read as proto3 JSON reads them: lowerCamelCase or the proto's
+snake_case, in any mix (the google-genai SDK sends ``realtime_input`` beside ``mimeType``);
+a message that gives one field under both names is refused. Media base64 may use either
+alphabet (standard or URL-safe), with or without padding. Types are strict: a string where
+a number belongs is refused, nothing is coerced.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from handlers.wire.client_events import describe_validation_error
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import describe_validation_error
-
-#: The deepest nesting a client message may have (a Live message needs about eight levels).
-MAX_DEPTH = 32
+from handlers.wire.fields import MAX_QUESTION_CHARS, MAX_SEED
+from handlers.wire.strict_json import read_json_object
 
 
 class _In(BaseModel):
@@ -87,7 +87,7 @@ class GenerationConfig(_In):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     top_k: int | None = Field(None, ge=0)
     candidate_count: Literal[1] | None = None
     presence_penalty: float | None = None
@@ -171,7 +171,7 @@ class RealtimeInput(_In):
     media_chunks: list[Blob] | None = Field(None, max_length=64)
     audio: Blob | None = None
     video: Blob | None = None
-    text: str | None = Field(None, max_length=20_000)
+    text: str | None = Field(None, max_length=MAX_QUESTION_CHARS)
     activity_start: dict[str, Any] | None = None
     activity_end: dict[str, Any] | None = None
     audio_stream_end: bool | None = None
@@ -205,59 +205,35 @@ def snake(key: str) -> str:
     return _CAPS.sub("_", key).lower() if key != key.lower() else key
 
 
-def _normalised(value: Any, depth: int = 0) -> Any:
-    """``value`` with every key in snake_case. Raises ``ValueError`` for a key given twice
-    (under both names), a lone surrogate in a string, or nesting deeper than ``MAX_DEPTH``."""
-    if depth > MAX_DEPTH:
-        raise ValueError("the message is nested too deeply")
-    if isinstance(value, str):
-        value.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError, a ValueError
-        return value
+def _normalised(value: Any) -> Any:
+    """``value`` with every key in snake_case (``read_json_object`` bounded its depth).
+    Raises ``ValueError`` for a key given twice (under both names)."""
     if isinstance(value, list):
-        return [_normalised(v, depth + 1) for v in value]
+        return [_normalised(v) for v in value]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
-            key.encode("utf-8")
             name = snake(key)
             if name in out:
                 raise ValueError(f"field {name!r} is given twice (camelCase and snake_case)")
-            out[name] = _normalised(item, depth + 1)
+            out[name] = _normalised(item)
         return out
     return value
 
 
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-_decoder = json.JSONDecoder(parse_constant=_no_constant)
-
-
-def parse_client_message(raw: str | bytes) -> ClientMessage:
+def parse_client_message(raw: str | bytes, *, max_bytes: int | None = None) -> ClientMessage:
     """Parse one client message. The SDK sends text; a binary message holding UTF-8 JSON is
-    read as text too (proto3 JSON has no binary form).
+    read as text too (proto3 JSON has no binary form). ``max_bytes``: the largest message.
 
-    Raises ``SessionError``: ``invalid_json`` (not JSON), ``invalid_message`` (not an object,
-    not exactly one known message, a field of the wrong type or out of range, a key given
-    twice, a lone surrogate).
+    Raises ``SessionError``: ``invalid_json`` (not JSON, ``NaN``), ``invalid_message`` (not an
+    object, nested too deeply, a lone surrogate: the JSON front end every protocol shares; not
+    exactly one known message, a field of the wrong type or out of range, a key given twice).
     """
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SessionError(ErrorCode.INVALID_JSON, "a binary message must hold UTF-8 JSON") from None
-    try:
-        obj = _decoder.decode(raw)
-    except (ValueError, RecursionError):
-        raise SessionError(ErrorCode.INVALID_JSON, "the message is not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise SessionError(ErrorCode.INVALID_MESSAGE, "a message must be a JSON object")
+    obj = read_json_object(raw, binary=True, max_bytes=max_bytes)
     try:
         obj = _normalised(obj)
-    except (ValueError, RecursionError) as exc:
-        reason = "a string holds a lone surrogate" if isinstance(exc, UnicodeError) else str(exc)
-        raise SessionError(ErrorCode.INVALID_MESSAGE, reason) from None
+    except ValueError as exc:
+        raise SessionError(ErrorCode.INVALID_MESSAGE, str(exc)) from None
     present = [k for k, v in obj.items() if v is not None]
     if len(present) != 1 or present[0] not in ClientMessage.model_fields:
         names = ", ".join(sorted(to_camel(k) for k in present)[:4]) or "none"

@@ -1,10 +1,8 @@
 """Audio formats of the Realtime protocol, to and from the core's.
 
-The core hears PCM16 at 16 kHz and speaks WAV files (PCM16, 24 kHz). Realtime clients send
-and receive raw samples in ``audio/pcm`` (PCM16, 24 kHz), ``audio/pcmu`` (G.711 mu-law,
-8 kHz) or ``audio/pcma`` (G.711 A-law, 8 kHz). Each chunk is converted by itself (a
-polyphase filter per chunk: chunk edges are not blended, which voice activity detection and
-transcription do not notice).
+Realtime clients send and receive raw samples in ``audio/pcm`` (PCM16, 24 kHz), ``audio/pcmu``
+(G.711 mu-law, 8 kHz) or ``audio/pcma`` (G.711 A-law, 8 kHz). G.711 is this module's; the
+PCM16 conversion to and from the core's audio is every codec's (``handlers/wire/audio.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +12,9 @@ import base64
 import numpy as np
 
 from handlers.media.preparation import decode_base64
-from handlers.wire.errors import ErrorCode, SessionError
-from server.speech.wav import INPUT_RATE, OUTPUT_RATE, Pcm, parse_wav, resample
+from handlers.wire.audio import microphone_audio, speaker_audio
+from handlers.wire.errors import ErrorCode
+from server.speech.wav import OUTPUT_RATE
 
 RATES = {"audio/pcm": OUTPUT_RATE, "audio/pcmu": 8000, "audio/pcma": 8000}
 
@@ -65,18 +64,15 @@ def audio_in(data: str, fmt: str) -> str:
     raw = decode_base64(data, ErrorCode.INVALID_AUDIO, "audio")
     if fmt in _DECODE:
         raw = g711_decode(raw, fmt)
-    elif len(raw) % 2:
-        raise SessionError(ErrorCode.INVALID_AUDIO, "PCM16 audio must have an even number of bytes")
-    pcm = resample(Pcm(raw, RATES[fmt]), INPUT_RATE).samples
-    return base64.b64encode(pcm).decode("ascii")
+    return microphone_audio(raw, RATES[fmt])
 
 
-def audio_out(wav: bytes, fmt: str) -> str:
-    """One of the core's WAV deltas as base64 raw audio in ``fmt`` (no header).
+def audio_out(wav_base64: str, fmt: str) -> str:
+    """One of the core's WAV deltas (base64) as base64 raw audio in ``fmt`` (no header).
 
-    Raises ``ValueError`` when ``wav`` is not PCM16 WAV.
+    Raises ``ValueError`` when it is not base64 of a PCM16 WAV file.
     """
-    pcm = resample(parse_wav(wav), RATES[fmt]).samples
+    pcm = speaker_audio(wav_base64, RATES[fmt])
     if fmt in _ENCODE:
         pcm = g711_encode(pcm, fmt)
     return base64.b64encode(pcm).decode("ascii")

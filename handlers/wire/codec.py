@@ -7,7 +7,9 @@ any message is read (a protocol whose sessions start without a config message op
 synthetic ``SessionConfig``). A codec translates only: frames, turns and answers are the
 core's.
 
-``V1Codec`` is protocol v1 (``protocol.py``) as it is. The OpenAI Realtime codec lives in
+``V1Codec`` is protocol v1 (``protocol.py``) as it is. Every codec reads a message through
+the same JSON front end (``strict_json.py``), so a message that is not strict JSON gets the
+same error code on every endpoint. The OpenAI Realtime codec lives in
 ``handlers/realtime/``, the Gemini Live codec in ``handlers/live/``.
 """
 
@@ -45,15 +47,16 @@ class V1Codec:
     #: v1 queries take the buffered microphone audio, so it is transcribed while it arrives.
     commits_audio = False
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int | None = None) -> None:
         self._configured = False  # the first message is the config; later ones may not be
+        self._max_bytes = max_message_bytes  # the server's max_message_bytes (None: the transport's only)
 
     def opening(self) -> list[CoreInput]:
         return []
 
     def decode(self, raw: str | bytes) -> list[CoreInput]:
         configured, self._configured = self._configured, True
-        return [parse_client_event(raw, configured=configured)]
+        return [parse_client_event(raw, configured=configured, max_bytes=self._max_bytes)]
 
     def encode(self, event: ServerEvent) -> list[str]:
         if event.type.startswith("core."):

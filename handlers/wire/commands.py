@@ -41,7 +41,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from handlers.wire.errors import Origin
-from handlers.wire.protocol import ServerEvent
+from handlers.wire.fields import MAX_INSTRUCTIONS_CHARS, MAX_ITEM_TEXT_CHARS
+from handlers.wire.server_events import ServerEvent
 
 Role = Literal["user", "system", "assistant"]
 #: ``previous_item_id`` that puts an item first in the conversation.
@@ -80,7 +81,7 @@ class UserInput(Command):
     type: Literal["core.user_input"] = "core.user_input"
     item_id: str
     role: Role = "user"
-    text: str | None = Field(None, max_length=20_000)
+    text: str | None = Field(None, max_length=MAX_ITEM_TEXT_CHARS)
     audio: str | None = None
     previous_item_id: str | None = Field(None, max_length=256)
 
@@ -123,7 +124,7 @@ class InputMessage(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     role: Role = "user"
-    text: str | None = Field(None, max_length=20_000)
+    text: str | None = Field(None, max_length=MAX_ITEM_TEXT_CHARS)
     item_id: str | None = Field(None, max_length=256)  # a reference: the item's content
 
 
@@ -137,7 +138,7 @@ class AnswerRequest(Command):
     ``metadata``: echoed with the answer."""
 
     type: Literal["core.answer_request"] = "core.answer_request"
-    instructions: str | None = Field(None, max_length=20_000)
+    instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     modalities: list[Literal["text", "audio"]] | None = None
     max_tokens: int | None = Field(None, ge=1)
     exclusive: bool = False

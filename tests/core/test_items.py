@@ -13,7 +13,7 @@ from handlers.core.session_core import SessionCore, VoicePaths
 from handlers.core.timeline import Message, heard_text
 from handlers.media.similarity import thumbnail
 from handlers.realtime import RealtimeCodec
-from handlers.realtime.codec import openai_code
+from handlers.realtime.errors import openai_code
 from handlers.wire.commands import (
     AnswerRequest,
     DeleteItem,

@@ -256,14 +256,26 @@ def test_prompt_without_timestamps() -> None:
 
 
 def test_parse_errors_have_codes() -> None:
-    """The parser maps each kind of bad message to its code."""
+    """The parser maps each kind of bad message to its code: NaN and Infinity are not JSON; a
+    lone surrogate (in a value or a key), nesting past 32 levels (or past the interpreter's
+    limit) and a binary message are invalid messages."""
+    deep = '{"type":"video.query","x":' + "[" * 32 + "]" * 32 + "}"
     cases = {"{": ErrorCode.INVALID_JSON, "3": ErrorCode.INVALID_MESSAGE, '{"type":"x"}': ErrorCode.UNKNOWN_TYPE,
              '{"type":"video.query","text":5}': ErrorCode.INVALID_MESSAGE,
-             '{"type":"session.config","max_frames":0}': ErrorCode.INVALID_CONFIG}
+             '{"type":"session.config","max_frames":0}': ErrorCode.INVALID_CONFIG,
+             '{"type":"video.query","text":NaN}': ErrorCode.INVALID_JSON,
+             '{"type":"video.frame","pts_ms":-Infinity,"data":""}': ErrorCode.INVALID_JSON,
+             '{"type":"video.query","text":"\\ud800"}': ErrorCode.INVALID_MESSAGE,
+             '{"type":"video.query","\\udfffx":1}': ErrorCode.INVALID_MESSAGE,
+             deep: ErrorCode.INVALID_MESSAGE, "[" * 100_000: ErrorCode.INVALID_MESSAGE}
     for raw, code in cases.items():
         with pytest.raises(SessionError) as err:
             parse_client_event(raw)
         assert err.value.code is code, raw
+    with pytest.raises(SessionError) as err:
+        parse_client_event(b'{"type":"ping"}')
+    assert err.value.code is ErrorCode.INVALID_MESSAGE
+    assert parse_client_event('{"type":"ping","x":' + "[" * 31 + "]" * 31 + "}").type == "ping"  # 32 levels
 
 
 def test_frames_consumed_lists_no_null_ids() -> None:

@@ -7,12 +7,16 @@ import base64
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from handlers.live.codec import LiveCodec, standard_base64
 from handlers.live.messages import parse_client_message
-from handlers.wire.codec import CloseConnection
+from handlers.realtime import RealtimeCodec
+from handlers.wire.codec import CloseConnection, V1Codec
 from handlers.wire.commands import AnswerRequest, ClearAudio, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.strict_json import MAX_DEPTH
 from handlers.wire.protocol import (
     AudioChunkIn,
     ErrorEvent,
@@ -258,3 +262,137 @@ def test_audio_stream_end_is_the_silence_that_ends_speech() -> None:
     [silence] = codec.decode(json.dumps({"realtimeInput": {"audioStreamEnd": True}}))
     pcm = base64.b64decode(silence.data)
     assert isinstance(silence, AudioChunkIn) and not any(pcm) and len(pcm) == 16_000 * 2 * 500 // 1000
+
+
+# --------------------------------------------------------------------------- one JSON front end
+
+
+def _v1(value: str) -> str:
+    return '{"type": "video.query", "text": ' + value + "}"
+
+
+def _realtime(value: str) -> str:
+    return ('{"type": "conversation.item.create", "event_id": "e1", "item": {"type": "message", "role": "user",'
+            ' "content": [{"type": "input_text", "text": ' + value + "}]}}")
+
+
+def _live(value: str) -> str:
+    return '{"realtimeInput": {"text": ' + value + "}}"
+
+
+def _refusals(wrap_value: str) -> dict[str, SessionError]:
+    """What v1, Realtime and Live (after setup) each raise for the same hostile value."""
+    live_codec = LiveCodec()
+    setup(live_codec)
+    decoders = {"v1": (V1Codec().decode, _v1), "realtime": (RealtimeCodec("m").decode, _realtime),
+                "live": (live_codec.decode, _live)}
+    refused = {}
+    for name, (decode, wrap) in decoders.items():
+        with pytest.raises(SessionError) as err:
+            decode(wrap(wrap_value))
+        refused[name] = err.value
+    return refused
+
+
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        ("NaN", ErrorCode.INVALID_JSON),
+        ("Infinity", ErrorCode.INVALID_JSON),
+        ("-Infinity", ErrorCode.INVALID_JSON),
+        ('"\\ud800"', ErrorCode.INVALID_MESSAGE),
+        ('"a\\udfffb"', ErrorCode.INVALID_MESSAGE),
+        ('{"\\ud83d": 1}', ErrorCode.INVALID_MESSAGE),  # half of a pair, in a key
+        ("[" * 40 + "]" * 40, ErrorCode.INVALID_MESSAGE),
+        ("[" * 100_000, ErrorCode.INVALID_MESSAGE),  # past the interpreter's own limit: the same answer
+    ],
+)
+def test_every_codec_refuses_the_same_json_with_v1s_code(value: str, code: ErrorCode) -> None:
+    """NaN/Infinity, a lone surrogate and nesting past the limit get the same code on v1,
+    Realtime and Live, with the same message; each says it in its own envelope (Realtime: an
+    error event with OpenAI's code and no event id, since the message was not read; Live: a
+    close 1007)."""
+    refused = _refusals(value)
+    assert {name: err.code for name, err in refused.items()} == dict.fromkeys(refused, code)
+    assert len({err.message for err in refused.values()}) == 1
+    realtime, live_codec = RealtimeCodec("m"), LiveCodec()
+    error = ErrorEvent(code=code, message=refused["realtime"].message, origin=refused["realtime"].origin)
+    [out] = [json.loads(m) for m in realtime.encode(error)]
+    assert out["error"]["code"] == ("invalid_json" if code is ErrorCode.INVALID_JSON else "invalid_value")
+    assert out["error"]["type"] == "invalid_request_error" and "event_id" not in out["error"]
+    with pytest.raises(CloseConnection) as closed:
+        live_codec.encode(ErrorEvent(code=code, message=refused["live"].message))
+    assert closed.value.code == 1007
+
+
+def test_the_nesting_limit_is_the_same_everywhere() -> None:
+    """A message nested MAX_DEPTH levels deep is read by every codec; one level more is refused."""
+    def nested(levels: int) -> str:  # the value of the question's text: refused by its type, not its depth
+        return "[" * levels + "]" * levels
+
+    # v1 and Live put the value 1 and 2 levels in, Realtime 4: the limit counts the whole message.
+    for wrap, decode, outer in ((_v1, V1Codec().decode, 1), (_realtime, RealtimeCodec("m").decode, 4)):
+        for levels, deep in ((MAX_DEPTH - outer, False), (MAX_DEPTH - outer + 1, True)):
+            with pytest.raises(SessionError) as err:
+                decode(wrap(nested(levels)))
+            assert ("nested more than" in err.value.message) is deep, (wrap, levels)
+    codec = LiveCodec()
+    setup(codec)
+    for levels, deep in ((MAX_DEPTH - 2, False), (MAX_DEPTH - 1, True)):
+        with pytest.raises(SessionError) as err:
+            codec.decode(_live(nested(levels)))
+        assert ("nested more than" in err.value.message) is deep, levels
+
+
+def test_a_message_over_the_size_limit_is_refused_alike_as_text_or_bytes() -> None:
+    """max_message_bytes counts UTF-8 bytes: a message over it is an invalid message on every
+    codec; Live reads the same message sent as binary, and refuses it over the limit too."""
+    text = '{"realtimeInput": {"text": "' + "\u00e9" * 600 + '"}}'  # 600 characters, 1,200 bytes
+    for decode in (V1Codec(1024).decode, RealtimeCodec("m", 1024).decode):
+        with pytest.raises(SessionError) as err:
+            decode(text)
+        assert err.value.code is ErrorCode.INVALID_MESSAGE and "1024 bytes" in err.value.message
+    for raw in (text, text.encode()):
+        codec = LiveCodec(1024)
+        setup(codec)
+        with pytest.raises(SessionError) as err:
+            codec.decode(raw)
+        assert err.value.code is ErrorCode.INVALID_MESSAGE and "1024 bytes" in err.value.message
+    codec = LiveCodec(2048)
+    setup(codec)
+    assert codec.decode(text.encode()) == codec.decode(text) == [VideoQuery(type="video.query", text="\u00e9" * 600)]
+
+
+_MARK = "\x00poison\x00"
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8) | st.just(_MARK),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+).filter(lambda value: json.dumps(_MARK) in json.dumps(value))
+_POISON = {"NaN": ErrorCode.INVALID_JSON, "-Infinity": ErrorCode.INVALID_JSON, '"\\udc00"': ErrorCode.INVALID_MESSAGE,
+           "[" * MAX_DEPTH + "]" * MAX_DEPTH: ErrorCode.INVALID_MESSAGE}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(value=_JSON, poison=st.sampled_from(sorted(_POISON)))
+def test_hostile_json_anywhere_gets_the_same_code_on_every_codec(value: object, poison: str) -> None:
+    """Generated JSON with NaN, a lone surrogate or too deep a nesting somewhere in it gets the
+    poison's code on v1, Realtime and Live alike."""
+    hostile = json.dumps(value).replace(json.dumps(_MARK), poison)
+    refused = _refusals(hostile)
+    assert {err.code for err in refused.values()} == {_POISON[poison]}, hostile
+
+
+def test_the_livesight_fields_are_one_list() -> None:
+    """Realtime's session.livesight and Live's setup.livesight take the same session.config
+    fields (LIVESIGHT_FIELDS), Live also speech_rate (Realtime has audio.output.speed)."""
+    from handlers.realtime.client_events import LivesightSettings
+    from handlers.wire.fields import LIVE_ONLY_FIELDS, LIVESIGHT_FIELDS
+
+    assert tuple(LivesightSettings.model_fields) == LIVESIGHT_FIELDS
+    config = setup(LiveCodec(), livesight={"max_frames": 7, "speech_rate": 1.5})
+    assert (config.max_frames, config.speech_rate) == (7, 1.5) and LIVE_ONLY_FIELDS == ("speech_rate",)
+    with pytest.raises(SessionError) as refused:
+        setup(LiveCodec(), livesight={"system_prompt": "x"})
+    assert refused.value.code is ErrorCode.INVALID_CONFIG

@@ -1,7 +1,8 @@
 """Hostile clients through the real server (real socket, real engine on the tiny model):
 2,000 generated messages of every kind, each answered as docs/protocol.md says, 10,000
 watch events, each answered by its one documented code, and 2,000 realtime session.update
-watch lists, each applied or refused whole as docs/realtime.md says; the session usable after,
+watch lists, each applied or refused whole as docs/realtime.md says, and hostile JSON on
+every endpoint, each refused with v1's code; the session usable after,
 nothing left behind (``livesight bench fuzz`` runs the same with 10,000 messages of every kind)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import websockets
 
 from handlers.wire.protocol import FrameAck, ResponseDone
 from server.bench.footage import bench_frame
-from server.app import REALTIME_PATH
+from server.app import LIVE_PATHS, REALTIME_PATH
 from server.bench.fuzz_watch_lists import WatchLists
 from server.bench.fuzz_watches import SURROGATES, WatchCases, send_watch_cases
 from server.client.connection import Connection, StreamError
@@ -170,6 +171,43 @@ def test_realtime_watch_lists_get_their_documented_answers(unlimited_server: Run
 
     asyncio.run(storm())
     assert lists.counts["applied"] >= 500 and lists.counts["refused"] >= 1_000, lists.counts
+    assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
+
+
+def test_hostile_json_gets_the_same_code_on_every_endpoint(unlimited_server: RunningServer) -> None:
+    """NaN, a lone surrogate and nesting past 32 levels get v1's code on all three endpoints,
+    each in its own envelope: v1 answers an error and goes on; Realtime too (invalid_message
+    said as invalid_value, with no event_id: the message was not read); Live closes with 1007."""
+    cases = {"NaN": "invalid_json", '"\\ud800"': "invalid_message", "[" * 40 + "]" * 40: "invalid_message"}
+    host = f"ws://{unlimited_server.host}:{unlimited_server.port}"
+
+    async def endpoints() -> None:
+        conn, _ = await Connection.open(unlimited_server.ws_url, {})
+        try:
+            for value, code in cases.items():
+                await conn.send_raw('{"type": "video.query", "text": ' + value + "}")
+                assert (await conn.wait_for("error", timeout=30)).event.code == code, value
+            await conn.ping()
+            await conn.wait_for("pong", timeout=30)
+        finally:
+            await conn.close()
+        async with websockets.connect(host + REALTIME_PATH, max_size=None) as ws:
+            assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "session.created"
+            for value, code in cases.items():
+                await ws.send('{"type": "input_audio_buffer.clear", "event_id": "e1", "x": ' + value + "}")
+                error = json.loads(await asyncio.wait_for(ws.recv(), 30))["error"]
+                assert error["code"] == (code if code == "invalid_json" else "invalid_value"), value
+                assert "event_id" not in error
+        for value in cases:
+            async with websockets.connect(host + LIVE_PATHS[0], max_size=None) as ws:
+                await ws.send(json.dumps({"setup": {"model": "m", "generationConfig": {"responseModalities": ["TEXT"]}}}))
+                assert "setupComplete" in json.loads(await asyncio.wait_for(ws.recv(), 30))
+                await ws.send('{"realtimeInput": {"text": ' + value + "}}")
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 30)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007, value
+
+    asyncio.run(endpoints())
     assert wait_for_clean_metrics(unlimited_server.http_url)["sessions"] == 0
 
 
