@@ -170,6 +170,20 @@ class SessionMachine:
         self._timer: float | None = None
         self._ending = False  # video.done is handled: the session closes after its last answer
 
+    @classmethod
+    def over(cls, state: SessionCore, source: Source | None = None) -> SessionMachine:
+        """A machine deciding over an existing ``state`` (a configured ``SessionCore``)."""
+        machine = cls.__new__(cls)
+        machine.__init__(state.session_id, state.limits, state.capabilities, state.voice, source)  # type: ignore[misc]
+        machine.state = state
+        return machine
+
+    def ask(self, answer: Answer, now: Now, received: float | None = None) -> list[Effect]:
+        """Ask for an answer planned outside the client's events (``SessionCore.plan_*``: a
+        test, or work the session schedules itself): it starts as a client's question would.
+        Raises ``no_frames`` when none of its frames is usable."""
+        return self._ask(answer, now.s if received is None else received, now)
+
     # ------------------------------------------------------------------ the documented surface
     @property
     def session_id(self) -> str:

@@ -7,7 +7,8 @@ the shorthands below, which finish the newest job of a kind the way an executor 
 ``Checks`` (the newest round of checks ended with these probabilities), ``Reply`` (the newest
 answer generated text and ended), ``End`` (the newest answer ended, e.g. after a ``Stop``),
 ``At`` (the clock moves). ``run_core(steps)`` returns every effect, and ``said(effects)``
-reads them as short words for table tests.
+reads them as short words for table tests. ``run_answer`` runs an answer planned on a
+``SessionCore`` through the same machine (the prompt tests' harness).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
-from handlers.core.answer import Outcome
+from handlers.core.answer import Answer, Outcome
+from handlers.core.session_core import SessionCore
 from handlers.core.effects import (
     Check,
     Checked,
     Effect,
     Ended,
     FrameShed,
+    Generate,
     Generated,
     Handle,
     Now,
@@ -32,18 +35,20 @@ from handlers.core.effects import (
     Prepared,
     Read,
     Send,
+    Spoken,
     StartAnswer,
     Stop,
     Tick,
     Timer,
+    Transcribed,
     Warmed,
 )
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.machine import SessionMachine, Source
 from handlers.core.negotiation import Limits, VoicePaths
 from handlers.media.preparation import ImageLimits, prepare_frame
-from handlers.wire.protocol import SessionConfig, VideoFrame, parse_client_event
-from server.engines.base import AudioChunk, Capabilities, Finished, TextDelta, Usage
+from handlers.wire.protocol import ServerEvent, SessionConfig, VideoFrame, parse_client_event
+from server.engines.base import AudioChunk, Capabilities, EngineEvent, Finished, Prompt, TextDelta, Usage
 from tests.protocol_client import b64, jpeg_frame
 
 LIMITS = Limits(
@@ -192,6 +197,67 @@ def _expand(step: object, run: Run, now: Now) -> list[object]:
         answer = run.newest(StartAnswer).answer  # type: ignore[attr-defined]
         return [Ended(answer, step.outcome, step.error_code)]
     return [step]
+
+
+@dataclass(frozen=True)
+class Speech:
+    """A piece of the answer's synthesized speech: a 24 kHz WAV saying ``words``."""
+
+    wav: bytes
+    words: str = ""
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What running an answer gave: the events sent, in order, and the prompt it generated from."""
+
+    events: list[ServerEvent]
+    prompt: Prompt
+
+    @property
+    def types(self) -> list[str]:
+        return [e.type for e in self.events]
+
+
+def run_answer(
+    core: SessionCore, answer: Answer, outputs: Iterable[EngineEvent | Speech] = (), *, stop: str | None = None,
+    error_code: str | None = None, received: float = 0.0, step_s: float = 0.01,
+) -> Ran:
+    """An answer planned on ``core`` (``SessionCore.plan_*``), run by the real machine over it:
+    asked (its audio transcribed as silence when the engine cannot hear), then fed ``outputs`` (engine events, and ``Speech`` its speaker made), one each
+    ``step_s``, then ended: failed with ``error_code`` when given, else interrupted when
+    ``stop`` names a cause, else completed. Returns the events the machine sent and the
+    prompt its ``StartAnswer`` carried."""
+    machine = SessionMachine.over(core)
+    now = received
+    effects = machine.ask(answer, Now(now, now * 1000), received)
+    start = next(e for e in effects if isinstance(e, StartAnswer))
+    prompt = start.prompt
+    if start.transcribe:  # its audio becomes words first (none heard here)
+        effects += machine.completed(Transcribed(answer, ""), Now(now, now * 1000))
+        prompt = next(e for e in effects if isinstance(e, Generate)).prompt
+    for out in outputs:
+        now += step_s
+        result = Spoken(answer, out.wav, out.words) if isinstance(out, Speech) else Generated(answer, out)
+        effects += machine.completed(result, Now(now, now * 1000))
+    if stop is not None:
+        answer.stop(stop)
+    outcome = Outcome.FAILED if error_code is not None else Outcome.INTERRUPTED if stop is not None else Outcome.COMPLETED
+    effects += machine.completed(Ended(answer, outcome, error_code), Now(now + step_s, (now + step_s) * 1000))
+    assert prompt is not None
+    return Ran([e.event for e in effects if isinstance(e, Send)], prompt)
+
+
+def answered(core: SessionCore, answer: Answer, text: str, *, stop: str | None = None) -> Ran:
+    """``answer`` run to its end saying ``text`` (completed; interrupted after it when ``stop``)."""
+    finished = [] if stop is not None else [Finished("stop", Usage(completion_tokens=1))]
+    return run_answer(core, answer, [TextDelta(text), *finished], stop=stop)
+
+
+def withdrawn(core: SessionCore, answer: Answer) -> None:
+    """``answer`` asked and dropped before it started (nothing of it was sent)."""
+    core.ask(answer, 0.0)
+    core.withdraw(answer)
 
 
 def said(effects: Iterable[Effect]) -> list[str]:

@@ -1,5 +1,5 @@
 """One answer as data (``handlers/core/answer.py`` through the core): engine outputs in, wire
-events out (``tests/core/answers.py``), and what the answer leaves in the session after it."""
+events out (``tests/core/run_core.py``'s ``run_answer``), and what the answer leaves in the session after it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from handlers.wire.commands import AnswerRequest, TruncateItem
 from handlers.wire.protocol import SessionConfig, VideoQuery, WatchFired, WatchSpec
 from server.engines.base import Capabilities, Finished, TextDelta, Usage
 from server.speech.wav import encode_wav
-from tests.core.answers import Speech, run_answer
+from tests.core.run_core import Speech, run_answer
 from tests.core.items_world import LIMITS, feed_frame
 
 

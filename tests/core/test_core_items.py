@@ -29,7 +29,7 @@ from server.speech.wav import encode_wav
 from tests.core.items_world import LIMITS
 from tests.core.items_world import feed_frame as _feed
 from tests.protocol_client import b64
-from tests.core.answers import answered, withdrawn
+from tests.core.run_core import answered, withdrawn
 
 
 

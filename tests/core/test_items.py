@@ -30,7 +30,7 @@ from server.speech.wav import encode_wav
 from tests.core.items_world import LIMITS
 from tests.core.items_world import feed_frame as _feed
 from tests.protocol_client import b64, jpeg_frame
-from tests.core.answers import Speech, answered, run_answer
+from tests.core.run_core import Speech, answered, run_answer
 
 
 

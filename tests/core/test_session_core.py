@@ -15,7 +15,7 @@ from handlers.core.timeline import INTERRUPTED_MARK, Timeline, TimelineTurn
 from handlers.media.similarity import thumbnail
 from server.engines.base import AudioSegment, Capabilities, ImageSegment, Prompt, TextDelta, TextSegment
 from tests.protocol_client import b64, jpeg_frame
-from tests.core.answers import answered, run_answer
+from tests.core.run_core import answered, run_answer
 
 LIMITS = Limits(
     max_frame_bytes=10_000, max_audio_bytes=100, max_queue=10, idle_timeout_s=5, max_history_turns=2,
