@@ -27,7 +27,8 @@ from typing import Literal, Union
 from handlers.core.answer import Answer, Outcome
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.media.preparation import PreparedFrame
-from handlers.wire.protocol import ClientEvent, ServerEvent, VideoFrame
+from handlers.wire.errors import Origin, SessionError
+from handlers.wire.protocol import ErrorEvent, ServerEvent, VideoFrame
 from server.engines.base import EngineEvent, Prompt
 
 
@@ -307,3 +308,31 @@ Effect = Union[
     ListenStart, ListenFeed, StopListening, TranscribeHeld, Timer, EndSession,
 ]
 
+
+def error_event(exc: SessionError, origin: Origin | None = None) -> ErrorEvent:
+    """The one place a ``SessionError`` becomes an ``error`` event (``origin``: the client
+    event it answers, when the error does not name one itself)."""
+    return ErrorEvent(
+        code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session,
+        retry_after_ms=exc.retry_after_ms, origin=exc.origin or origin, wire_code=exc.wire_code,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What the session's source does that the core's decisions depend on: whether its
+    client commits audio itself (``commits_audio``: the buffer waits for a commit, so no
+    transcription streams while it fills), and how much of an engine's own audio to cut at
+    the start of each answer (``native_trim_ms``: a codec's start-up artefact)."""
+
+    commits_audio: bool = False
+    native_trim_ms: float = 0.0
+
+
+class Refused(Exception):
+    """A ``SessionError`` with the effects that must come before its error event (a
+    transcription the failed question would have taken is stopped)."""
+
+    def __init__(self, error: SessionError, effects: list[Effect]) -> None:
+        super().__init__(error.message)
+        self.error, self.effects = error, effects

@@ -34,7 +34,6 @@ from handlers.core.effects import (
     Check,
     Checked,
     Closed,
-    DetectSpeech,
     Effect,
     Ended,
     EndSession,
@@ -44,10 +43,11 @@ from handlers.core.effects import (
     Handle,
     HeldTranscribed,
     Input,
-    ListenFeed,
-    ListenStart,
     Now,
     Opened,
+    Refused,
+    Source,
+    error_event,
     Prefill,
     Prepare,
     Prepared,
@@ -65,16 +65,14 @@ from handlers.core.effects import (
     Tick,
     Timer,
     Transcribed,
-    TranscribeHeld,
     Warmed,
 )
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.lifecycle import TurnState
-from handlers.core.microphone import SpokenQuestion
 from handlers.core.native_audio import NativeAudioTrim
 from handlers.core.negotiation import Limits, VoicePaths
 from handlers.core.session_core import Phase, SessionCore
-from handlers.core.turn_detection import SpeechStarted, SpeechStopped
+from handlers.core.speech_decisions import SpeechDecisions
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.protocol import (
@@ -103,35 +101,6 @@ WATCH_EVENTS = (WatchCreate, WatchUpdate, WatchDelete)
 CONTROL = (Ping, ResponseCancel, CancelRequest, SessionConfig)
 
 
-def error_event(exc: SessionError, origin: Origin | None = None) -> ErrorEvent:
-    """The one place a ``SessionError`` becomes an ``error`` event (``origin``: the client
-    event it answers, when the error does not name one itself)."""
-    return ErrorEvent(
-        code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session,
-        retry_after_ms=exc.retry_after_ms, origin=exc.origin or origin, wire_code=exc.wire_code,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """What the session's source does that the core's decisions depend on: whether its
-    client commits audio itself (``commits_audio``: the buffer waits for a commit, so no
-    transcription streams while it fills), and how much of an engine's own audio to cut at
-    the start of each answer (``native_trim_ms``: a codec's start-up artefact)."""
-
-    commits_audio: bool = False
-    native_trim_ms: float = 0.0
-
-
-class _Refused(Exception):
-    """A ``SessionError`` with the effects that must come before its error event (a
-    transcription the failed question would have taken is stopped)."""
-
-    def __init__(self, error: SessionError, effects: list[Effect]) -> None:
-        super().__init__(error.message)
-        self.error, self.effects = error, effects
-
-
 @dataclass
 class _Asked:
     """What comes with the asked answer when it starts: events to send before its
@@ -142,7 +111,7 @@ class _Asked:
     take_listening: bool
 
 
-class SessionMachine:
+class SessionMachine(SpeechDecisions):
     """One session's decisions (see the module docstring)."""
 
     #: What an executor calls.
@@ -297,7 +266,7 @@ class SessionMachine:
             return decide()
         except SessionError as exc:
             return [Send(error_event(exc, origin_of(event)))]
-        except _Refused as refused:
+        except Refused as refused:
             return [*refused.effects, Send(error_event(refused.error, origin_of(event)))]
 
     def _read(self, event: object) -> list[Effect]:
@@ -399,7 +368,7 @@ class SessionMachine:
             return make()
         except SessionError as exc:
             if took_listening:
-                raise _Refused(exc, [StopListening()]) from None
+                raise Refused(exc, [StopListening()]) from None
             raise
 
     def _ask(self, answer: Answer, received: float, now: Now, *, before: list[Effect] | None = None,
@@ -548,81 +517,6 @@ class SessionMachine:
             effects.append(Send(intake.ack))
         return effects + self._next_work(now)
 
-    # ------------------------------------------------------------------ microphone
-    def _audio(self, event: AudioChunkIn) -> list[Effect]:
-        """Buffer microphone audio; with turn detection, judge it. Audio a question will take
-        is transcribed as it arrives (``_listen``)."""
-        try:
-            pcm = self.state.add_audio(event.data)
-        except SessionError as exc:
-            return self._listen() + [Send(error_event(exc, origin_of(event)))]
-        detect: list[Effect] = [DetectSpeech(pcm)] if self._vad else []
-        return self._listen() + detect
-
-    def _speech(self, result: SpeechDetected, now: Now) -> list[Effect]:
-        """Speech starting interrupts the running answer (barge-in), unless turn detection
-        says not to; speech stopping asks a question, or holds it for the next answer."""
-        effects: list[Effect] = []
-        for decision in self.state.detect_turns(result.probabilities):
-            if isinstance(decision, SpeechStarted):
-                effects.append(Send(self.state.turn_event(decision)))
-                if self.state.speech_interrupts:
-                    effects += self._stop_answer("speech")
-            elif isinstance(decision, SpeechStopped):
-                effects.append(Send(self.state.turn_event(decision)))
-            elif isinstance(decision, SpokenQuestion):
-                effects += self._guarded(None, lambda q=decision: self._spoken_question(q, now))  # type: ignore[misc]
-        return effects + self._listen()
-
-    def _spoken_question(self, question: SpokenQuestion, now: Now) -> list[Effect]:
-        """Speech stopped: its question is answered now (the running answer stopped first:
-        its transcription then starts afresh), or held for the next answer."""
-        if not self.state.answers_speech(self.state.running is not None):
-            return self._hold(question)
-        if self.state.running is not None:
-            stop = [StopListening()] if self._take_listening() else []
-            return stop + self._wait_or(None, now, lambda later: self._spoken_question(question, later))
-        take = self._take_listening()
-        answer = self._plan(lambda: self.state.plan_spoken_query(question), take)
-        return self._ask(answer, now.s, now, take_listening=take)
-
-    def _hold(self, question: SpokenQuestion) -> list[Effect]:
-        """A spoken question that starts no answer waits as an input of the next one; when the
-        engine cannot hear, its words are recognised now."""
-        take = self._take_listening()
-        stop: list[Effect] = [StopListening()] if take else []
-        try:
-            item = self.state.hold_spoken_question(question)
-        except SessionError as exc:
-            raise _Refused(exc, stop) from None
-        if not (self.state.voice.transcribes and self.config.use_audio_in_video):
-            return stop  # the engine hears it with the answer (or it is not used)
-        return [TranscribeHeld(item.item_id, item.pcm16, take_listening=take)]
-
-    def _held(self, result: HeldTranscribed, now: Now) -> list[Effect]:
-        event = self.state.transcribed_input(result.item_id, result.transcript)
-        return [Send(event)] if event is not None else []
-
-    def _listen(self) -> list[Effect]:
-        """Hand the audio a question will take to a running transcription (started when such
-        audio begins; stopped when it was dropped or the question went elsewhere)."""
-        start = self.state.listen_start()
-        effects: list[Effect] = []
-        if self._listening is not None and self._listening != start:
-            self._listening = None
-            effects.append(StopListening())
-        if start is None:
-            return effects
-        if self.state.detector is None and self.source.commits_audio:
-            return effects  # the buffer waits for a commit; a streamed transcription would be cut there
-        mic = self.state.mic
-        if self._listening is None:
-            self._listening = self._listened = start
-            effects.append(ListenStart(start))
-        effects.append(ListenFeed(mic.since(self._listened), mic.total))
-        self._listened = mic.total
-        return effects
-
     _results: dict[type, Callable[[SessionMachine, object, Now], list[Effect]]] = {
         Prepared: _prepared,
         Warmed: _warmed,
@@ -631,6 +525,6 @@ class SessionMachine:
         Generated: _generated,
         Spoken: _spoken,
         Ended: _ended,
-        SpeechDetected: _speech,
-        HeldTranscribed: _held,
+        SpeechDetected: SpeechDecisions._speech,
+        HeldTranscribed: SpeechDecisions._held,
     }
