@@ -37,9 +37,12 @@ from handlers.wire.errors import ErrorCode, SessionError
 
 from handlers.core.frames import Frame, FrameBuffer
 from handlers.core.timeline import Timeline
+from handlers.wire.fields import MAX_INSTRUCTIONS_CHARS, MAX_QUESTION_CHARS
 
-#: Most text that pending inputs (or system items) may hold, like ``video.query``'s text.
-MAX_INPUT_CHARS = 20_000
+#: Most text that pending inputs may hold (they make one question), and system items (they
+#: join the instructions).
+MAX_INPUT_CHARS = MAX_QUESTION_CHARS
+MAX_SYSTEM_ITEMS_CHARS = MAX_INSTRUCTIONS_CHARS
 #: How many of the newest items' ids are kept in order, to know the newest when one is deleted.
 RECENT_ITEMS = 256
 #: Most text the timeline's messages may hold for a client to add one (a seeded history, an
@@ -188,8 +191,8 @@ class Conversation:
         core = self.core
         if item.audio or not item.text:
             raise SessionError(ErrorCode.INVALID_MESSAGE, "a system item holds text only")
-        if sum(map(len, core.system_items.values())) + len(item.text) > MAX_INPUT_CHARS:
-            raise SessionError(ErrorCode.INVALID_MESSAGE, f"system items may hold {MAX_INPUT_CHARS} characters")
+        if sum(map(len, core.system_items.values())) + len(item.text) > MAX_SYSTEM_ITEMS_CHARS:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, f"system items may hold {MAX_SYSTEM_ITEMS_CHARS} characters")
         core.system_items[item.item_id] = item.text
 
     def _add_at_end(self, item: UserInput, after_input: str | None) -> None:

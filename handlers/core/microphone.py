@@ -7,7 +7,7 @@ the buffer waits for a question (or a commit) to take it, and audio past ``max_b
 ``audio_overflow``; with it, only the audio a question may still need is kept (the padding
 before speech, the speech itself) and a long speech drops its oldest audio instead of
 failing. Pure and synchronous, like the rest of the core; its own tests in
-``tests/speech/test_speech.py`` and ``tests/core``.
+``tests/core/speech/test_speech.py`` and ``tests/core``.
 """
 
 from __future__ import annotations

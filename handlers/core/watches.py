@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from handlers.core.frames import Frame
 from handlers.wire.errors import ErrorCode, SessionError
+from handlers.wire.fields import MAX_ANSWER_TOKENS
 from handlers.wire.protocol import (
     ServerEvent,
     WatchCheck,
@@ -118,7 +119,7 @@ class Decisions:
 class WatchBook:
     """A session's watches, at most ``max_watches``."""
 
-    def __init__(self, max_watches: int, max_answer_tokens: int = 4096) -> None:
+    def __init__(self, max_watches: int, max_answer_tokens: int = MAX_ANSWER_TOKENS) -> None:
         self.max_watches = max_watches
         self.max_answer_tokens = max_answer_tokens
         self._watches: dict[str, Watch] = {}
@@ -127,7 +128,7 @@ class WatchBook:
         self.fires = 0
 
     @classmethod
-    def of(cls, specs: list[WatchSpec], max_watches: int, max_answer_tokens: int = 4096) -> WatchBook:
+    def of(cls, specs: list[WatchSpec], max_watches: int, max_answer_tokens: int = MAX_ANSWER_TOKENS) -> WatchBook:
         """A book holding ``specs`` (a config's list). Raises ``too_many_watches`` and
         ``invalid_watch`` (an id twice)."""
         if len(specs) > max_watches:

@@ -5,11 +5,12 @@ docs/realtime.md gives it (the fuzz test's realtime watch storm).
 (every watch as ``watch.create`` takes it, its ids unique, at most ``max_watches``) is applied:
 ``session.updated`` echoes it. Any other is refused whole: the session keeps the watches it
 had, ``session.updated`` lists the part in ``livesight.refused``, and an ``error``
-``invalid_value`` carries the event's ``event_id``. The watches themselves come from
-``WatchCases`` (the v1 storm's values: odd Unicode, boundary values, wrong types, values out of
-range, lone surrogates in values, unknown fields (which a watch ignores, even one whose name
-is a lone surrogate)); ``WatchLists`` keeps its own
-model of the session's watches, written from the docs.
+``invalid_value`` carries the event's ``event_id``. A message with a lone surrogate anywhere
+(a value, or the name of a field a watch does not have) is refused before it is read, as on
+every endpoint: one ``error`` ``invalid_value`` with no ``event_id``, no ``session.updated``,
+the watches unchanged. The watches themselves come from ``WatchCases`` (the v1 storm's values:
+odd Unicode, boundary values, wrong types, values out of range, unknown fields, which a watch
+ignores); ``WatchLists`` keeps its own model of the session's watches, written from the docs.
 """
 
 from __future__ import annotations
@@ -21,23 +22,24 @@ from typing import Any
 from server.bench.fuzz_watches import SURROGATES, VALID_IDS, Watch, WatchCases, dumps, shown
 
 VALID = "valid list"
-#: A valid list one of whose watches has a key with a lone surrogate: a field a watch does not
-#: have, ignored as any other (a lone surrogate in a value refuses the list).
-IGNORED_SURROGATE = "a lone surrogate in a field a watch does not have"
+#: A message with a lone surrogate: refused before it is read (the JSON front end every codec shares).
+SURROGATE = "a lone surrogate in a watch's "
 #: A part that is not a list of watch objects.
 NOT_LISTS: list[Any] = ["Is it red?", 5, True, {"watch_id": "a", "condition": "x?"}, [1], ["a"], [[]], [None]]
 
 
 @dataclass(frozen=True)
 class ListCase:
-    """One ``session.update`` and what must come back: the session's watch ids after it, and
-    whether the list was refused."""
+    """One ``session.update`` and what must come back: the session's watch ids after it,
+    whether the list was refused, and whether the whole message was refused unread (a lone
+    surrogate: one error with no event id, no ``session.updated``)."""
 
     raw: str
     event_id: str
     watch_ids: list[str]
     refused: bool
     what: str
+    unread: bool = False
 
     def __repr__(self) -> str:
         return f"ListCase({self.what} -> {'refused' if self.refused else self.watch_ids}: {shown(self.raw)!r})"
@@ -89,13 +91,13 @@ class WatchLists:
             where = rng.choice(["condition", "watch_id", "key", "instructions"])
             s = rng.choice(SURROGATES)
             target = watches[rng.randrange(len(watches))]
-            if where == "key":  # a field a watch does not have: ignored, as any other
+            if where == "key":  # the name of a field a watch does not have
                 target[s] = 1
             elif where == "instructions":
                 target["response"] = {"instructions": s}
             else:
                 target[where] = s
-            what = IGNORED_SURROGATE if where == "key" else f"a lone surrogate in a watch's {where}"
+            what = SURROGATE + where
         return self._case(watches, what)
 
     def _case(self, watches: Any, what: str) -> ListCase:
@@ -105,12 +107,13 @@ class WatchLists:
         event_id = f"evt_{self.sent}"
         raw = dumps({"type": "session.update", "event_id": event_id,
                      "session": {"type": "realtime", "livesight": {"watches": watches}}})
-        refused = what not in (VALID, IGNORED_SURROGATE)
+        refused = what != VALID
         if not refused:
             self.watch_ids = [w["watch_id"] for w in watches]
-        key = "refused" if refused else "applied"
+        unread = what.startswith(SURROGATE)
+        key = "unread" if unread else "refused" if refused else "applied"
         self.counts[key] = self.counts.get(key, 0) + 1
-        return ListCase(raw, event_id, list(self.watch_ids), refused, what)
+        return ListCase(raw, event_id, list(self.watch_ids), refused, what, unread)
 
     def _valid_list(self) -> list[dict[str, Any]]:
         """Up to ``max_watches`` valid watches with unique ids (sometimes with fields a watch

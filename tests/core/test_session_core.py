@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from handlers.media.frame_image import FrameImage
+from handlers.core.effects import Handle, Now, Prepare, Send
+from handlers.core.machine import SessionMachine
 from handlers.core.session_core import Limits, Phase, SessionCore
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.core.frames import Frame, content_key
@@ -74,11 +76,17 @@ def test_the_window_is_capped_to_the_images_a_prompt_may_carry() -> None:
 
 
 def test_frame_size_checked_before_decoding() -> None:
-    """An oversized frame raises frame_too_large with its frame_id."""
-    core = _core()
-    with pytest.raises(SessionError) as err:
-        core.check_frame_size(VideoFrame(type="video.frame", data="A" * 20_000, frame_id=7))
-    assert err.value.code is ErrorCode.FRAME_TOO_LARGE and err.value.frame_id == "7"
+    """An oversized frame gets frame_too_large with its frame_id when its turn comes, and the
+    core asks for no preparation of it (no base64, hash or decode is spent on it); a frame
+    within the limit is sent to be prepared."""
+    core = SessionMachine.over(_core())
+    now = Now(1.0, 1000.0)
+    big = VideoFrame(type="video.frame", data=b64(jpeg_frame(1)) + "A" * 20_000, frame_id=7)
+    effects = core.receive(Handle(big, 1.0), now)
+    assert [type(e) for e in effects] == [Send]
+    assert (effects[0].event.code, effects[0].event.frame_id) == ("frame_too_large", "7")
+    small = VideoFrame(type="video.frame", data=b64(jpeg_frame(1)), frame_id=8)
+    assert [type(e) for e in core.receive(Handle(small, 1.0), now)] == [Prepare]
 
 
 def test_filter_and_eviction_in_acks() -> None:

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 import server.app as server_app
 from server.background import RunningServer
@@ -420,7 +421,10 @@ def check_stop_button(page: Page, wire: list[WireLog]) -> None:
         page.press("#question", "Enter")
         answer = page.locator("#answers .answer").last
         expect(answer.locator(".answer-text")).not_to_be_empty()
-        page.click("#cancel")
+        try:
+            page.click("#cancel", timeout=3000)  # disabled again if the answer ended first
+        except PlaywrightTimeout:
+            continue
         expect(answer).not_to_have_attribute("data-status", "streaming")
         if answer.get_attribute("data-status") == "interrupted":
             break

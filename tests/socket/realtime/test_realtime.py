@@ -93,7 +93,7 @@ async def realtime(server: RunningServer, api_key: str = "unused", **query: Any)
 def heard(said: str, transcript: str) -> bool:
     """At least 40% of the words said are in the transcript. These tests pin the Realtime
     mapping (the transcript reaches its item); recognition accuracy is pinned by
-    tests/speech/test_voice_ws.py. PocketSphinx on a shared, warm server heard "what is on the table"
+    tests/socket/speech/test_voice_ws.py. PocketSphinx on a shared, warm server heard "what is on the table"
     as "what the article" once in CI."""
     words = transcript.split()
     return sum(w in words for w in said.split()) >= 0.4 * len(said.split())

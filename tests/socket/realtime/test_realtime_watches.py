@@ -2,7 +2,7 @@
 ``session.livesight``, a fire arrives as a server-initiated response (``response.created`` ...
 ``response.done``) whose metadata names the watch, and every event parses strictly in the
 SDK's typed models. A watch at threshold 0 holds on any frame, so the random-weight tiny model
-fires it (that a watch fires on the right frame is tests/server/test_watch_colours.py)."""
+fires it (that a watch fires on the right frame is tests/heavy/server/test_watch_colours.py)."""
 
 from __future__ import annotations
 
