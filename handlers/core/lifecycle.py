@@ -1,6 +1,10 @@
-"""A session's turns as pure state: what runs on the engine, a prefill or an answer.
+"""A session's slot on the engine as pure state: what runs there, a prefill (or a round of
+watch checks, which holds the engine as a prefill does) or an answer.
 
-``Turns`` is the one state of a session's engine work, moved only by the transition table
+("Turn" in livesight means one party's go in the conversation: a timeline turn, a prompt's
+chat turn, the speaker's turn that turn detection finds. The engine's work is a slot.)
+
+``EngineSlot`` is the one state of a session's engine work, moved only by the transition table
 ``TRANSITIONS``; a move the table does not hold raises ``IllegalTransition`` (a bug, never a
 client's fault):
 
@@ -16,8 +20,8 @@ client's fault):
     answering  end       idle        the answer sent its end (completed, interrupted or failed)
 
 So no prefill starts while a question is asked or answered, an answer's generation never
-overlaps a prefill, and one answer runs at a time (the adapter interrupts the running one,
-and waits for its end, before it asks again).
+overlaps a prefill, and one answer runs at a time (the core stops the running one, and
+waits for its end, before it asks again).
 
 The answer itself, from its question to its one end, is an ``Answer`` (``answer.py``); the
 session core (``SessionCore.ask`` / ``end_answer``) moves both together.
@@ -25,14 +29,13 @@ session core (``SessionCore.ask`` / ``end_answer``) moves both together.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import Enum
 
 from handlers.core.answer import Answer, AnswerPhase, IllegalTransition
 from handlers.wire.protocol import ServerEvent
 
 
-class TurnState(Enum):
+class SlotState(Enum):
     IDLE = "idle"  # nothing runs: a prefill may start
     WARMING = "warming"  # a prefill extends the engine's cached prefix
     DRAINING = "draining"  # a question waits for the prefill it stopped to end
@@ -47,9 +50,9 @@ class Trigger(Enum):
     END = "end"
 
 
-S, T = TurnState, Trigger
+S, T = SlotState, Trigger
 #: Every allowed move: (state, trigger) -> next state. Anything else is a bug.
-TRANSITIONS: dict[tuple[TurnState, Trigger], TurnState] = {
+TRANSITIONS: dict[tuple[SlotState, Trigger], SlotState] = {
     (S.IDLE, T.WARM): S.WARMING,
     (S.IDLE, T.ASK): S.ANSWERING,
     (S.WARMING, T.WARMED): S.IDLE,
@@ -62,56 +65,47 @@ TRANSITIONS: dict[tuple[TurnState, Trigger], TurnState] = {
 del S, T
 
 
-class Turns:
+class EngineSlot:
     """The state of a session's engine work (see the module docstring for the table).
 
     ``answer`` is the asked or running answer (in ``answering`` and ``draining``); the prefix
     is ``behind`` when frames came (or left, or an answer ended) since the last prefill began.
-    ``on_change`` is called after every change (the adapter wakes its waiters with it; a
-    resumed session's adapter sets its own).
     """
 
-    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
-        self.state = TurnState.IDLE
+    def __init__(self) -> None:
+        self.state = SlotState.IDLE
         self.answer: Answer | None = None
         self.behind = False
-        self.on_change = on_change
 
     def _move(self, trigger: Trigger) -> None:
         try:
             self.state = TRANSITIONS[self.state, trigger]
         except KeyError:
-            raise IllegalTransition(f"turns: no move from {self.state.value} on {trigger.value}") from None
+            raise IllegalTransition(f"engine slot: no move from {self.state.value} on {trigger.value}") from None
 
-    def _changed(self) -> None:
-        self.on_change()
 
     # ------------------------------------------------------------------ warmup
     def prefix_behind(self) -> None:
         """The buffer changed: the prefix should be extended once nothing runs."""
         self.behind = True
-        self._changed()
 
     @property
     def warm_due(self) -> bool:
         """True when a prefill should start now: the prefix is behind and nothing runs."""
-        return self.behind and self.state is TurnState.IDLE
+        return self.behind and self.state is SlotState.IDLE
 
     def warm(self) -> None:
         """A prefill starts over the buffer as it is now. Raises unless idle."""
         self._move(Trigger.WARM)
         self.behind = False
-        self._changed()
 
     def nothing_to_warm(self) -> None:
         """The prefix turned out to be up to date: the wish is dropped."""
         self.behind = False
-        self._changed()
 
     def warmed(self) -> None:
         """The prefill ended (done, failed or stopped). Raises unless one was running."""
         self._move(Trigger.WARMED)
-        self._changed()
 
     # ------------------------------------------------------------------ answers
     @property
@@ -122,7 +116,7 @@ class Turns:
     @property
     def may_generate(self) -> bool:
         """True when the asked answer may start: no prefill runs any more."""
-        return self.state is TurnState.ANSWERING
+        return self.state is SlotState.ANSWERING
 
     def ask(self, answer: Answer) -> bool:
         """A question came; returns True when a running prefill must be stopped first (the
@@ -130,33 +124,30 @@ class Turns:
         running: the caller interrupts it, and waits for its end, first."""
         self._move(Trigger.ASK)
         self.answer = answer
-        self._changed()
-        return self.state is TurnState.DRAINING
+        return self.state is SlotState.DRAINING
 
     def start(self) -> list[ServerEvent]:
         """The asked answer starts; returns ``[response.start]``. Raises while the prefill it
         stopped is still running, or when no answer is asked."""
-        if self.state is not TurnState.ANSWERING or self.answer is None:
-            raise IllegalTransition(f"turns: cannot start an answer when {self.state.value}")
+        if self.state is not SlotState.ANSWERING or self.answer is None:
+            raise IllegalTransition(f"engine slot: cannot start an answer when {self.state.value}")
         return self.answer.start()
 
     def withdraw(self) -> None:
         """The asked answer will not start (nothing of it was sent)."""
         answer = self.answer
         if answer is None or answer.phase is not AnswerPhase.ASKED:
-            raise IllegalTransition("turns: no answer waits to start")
+            raise IllegalTransition("engine slot: no answer waits to start")
         self._move(Trigger.WITHDRAW)
         answer.withdraw()
         self.answer = None
-        self._changed()
 
     def end(self) -> None:
         """The running answer's end was sent (``Answer.end``): the turn is over and the
         prefix is behind (the answer joined the timeline). Raises unless it ended."""
         answer = self.answer
         if answer is None or answer.phase is not AnswerPhase.ENDED:
-            raise IllegalTransition("turns: the answer has not ended")
+            raise IllegalTransition("engine slot: the answer has not ended")
         self._move(Trigger.END)
         self.answer = None
         self.behind = True
-        self._changed()

@@ -15,7 +15,7 @@ The state it decides over (frames, audio, timeline, watches, the engine's turn) 
 or resume it, ``receive``, ``completed``, ``close``) and reads only its documented surface
 (``SURFACE``); ``tests/core/project/test_layers.py`` holds ``handlers/session`` to both.
 
-Engine work is one job at a time (``lifecycle.Turns``): a question asked during a prefill or a
+Engine work is one job at a time (``lifecycle.EngineSlot``): a question asked during a prefill or a
 round of checks stops it, and its answer starts when the stopped job is reported ended; an
 input that plans an answer while another is asked or running stops that one (cause
 ``question``) and waits, with every lane input after it, until its end (``Ended``).
@@ -68,7 +68,7 @@ from handlers.core.effects import (
     Warmed,
 )
 from handlers.core.jobs import CheckStep, WarmStep
-from handlers.core.lifecycle import TurnState
+from handlers.core.lifecycle import SlotState
 from handlers.core.native_audio import NativeAudioTrim
 from handlers.core.negotiation import Limits, VoicePaths
 from handlers.core.session_core import Phase, SessionCore
@@ -178,14 +178,14 @@ class SessionMachine(SpeechDecisions):
     @property
     def answering(self) -> bool:
         """True from a question until its answer's end was handled (or it was withdrawn)."""
-        return self.state.turns.answering
+        return self.state.slot.answering
 
     @property
     def settled(self) -> bool:
         """True when no engine job runs or is wanted and nothing waits for an answer's end."""
-        state, turns = self.state, self.state.turns
+        state, slot = self.state, self.state.slot
         checks_wanted = self._checks and state.check_due(math.inf) is not None
-        return turns.state is TurnState.IDLE and not (self.warm_prefix and turns.behind) and not self._waiting \
+        return slot.state is SlotState.IDLE and not (self.warm_prefix and slot.behind) and not self._waiting \
             and state.running is None and not checks_wanted
 
     @property
@@ -215,7 +215,7 @@ class SessionMachine(SpeechDecisions):
         """Taken back by its client: the ``session.ready`` to send (its buffered frames, all
         decoded at intake, are warmed again when it opens)."""
         if self.warm_prefix and self.state.buffer.frames:
-            self.state.turns.prefix_behind()
+            self.state.slot.prefix_behind()
         return self.state.resumed(first)
 
     def close(self) -> None:
@@ -345,7 +345,7 @@ class SessionMachine(SpeechDecisions):
                 event = event.model_copy(update={"origin": origin_of(command)})
             effects.append(Send(event))
         if self.warm_prefix and self.state.timeline.edited:
-            self.state.turns.prefix_behind()  # an item edited the timeline: re-warmed from there
+            self.state.slot.prefix_behind()  # an item edited the timeline: re-warmed from there
         if self.state.detector is not detector:  # turn detection was switched: fresh audio
             effects.append(ResetVad(self._vad))
         return effects + self._listen() + self._next_work(now)
@@ -397,7 +397,7 @@ class SessionMachine(SpeechDecisions):
         if "audio" in answer.modalities and not speak:
             self._trims[id(answer)] = NativeAudioTrim(self.source.native_trim_ms)
         asked, self._asked = self._asked, _Asked([], False)
-        return [*asked.before, *(Send(e) for e in self.state.turns.start()),
+        return [*asked.before, *(Send(e) for e in self.state.slot.start()),
                 StartAnswer(answer, prompt, transcribe=transcribe, take_listening=asked.take_listening, speak=speak)]
 
     def _transcribed(self, result: Transcribed, now: Now) -> list[Effect]:
@@ -433,27 +433,27 @@ class SessionMachine(SpeechDecisions):
     def _next_work(self, now: Now) -> list[Effect]:
         """A prefill when the prefix is behind, else a round of checks when one is due, else a
         timer for the next round or the idle timeout; nothing while an answer is asked or runs."""
-        state, turns = self.state, self.state.turns
+        state, slot = self.state, self.state.slot
         if self._ending or state.phase is not Phase.READY or state.running is not None or self._waiting:
             return []
         idle_at = state.idle_at
         if idle_at is not None and idle_at <= now.s:
             return self._idle(now)  # a running prefill or round of checks is stopped for it
-        if turns.state is not TurnState.IDLE:
+        if slot.state is not SlotState.IDLE:
             return self._set_timer(idle_at)
-        if self.warm_prefix and turns.behind:
+        if self.warm_prefix and slot.behind:
             step = state.next_warm()
             if step is None:
-                turns.nothing_to_warm()
+                slot.nothing_to_warm()
             else:
-                turns.warm()
+                slot.warm()
                 self._job = step
                 return [Prefill(step)]
         wait = state.check_due(now.s) if self._checks else None
         if wait == 0:
             step = state.next_check(now.s)
             if step is not None:
-                turns.warm()
+                slot.warm()
                 self._job = step
                 return [Check(step)]
             wait = None
@@ -483,20 +483,20 @@ class SessionMachine(SpeechDecisions):
     def _job_ended(self, now: Now) -> list[Effect]:
         """The prefill or round of checks ended: the answer it held back starts, else the next job."""
         self._job = None
-        self.state.turns.warmed()
-        if self.state.turns.may_generate:
+        self.state.slot.warmed()
+        if self.state.slot.may_generate:
             return self._start(now)
         return self._next_work(now)
 
     def _checked(self, result: Checked, now: Now) -> list[Effect]:
         """A round of checks ended: unless a question stopped it, its decisions are sent, and the
         first fire is answered when nothing else is asked (the others fire at their next check)."""
-        preempted = self.state.turns.state is not TurnState.WARMING
+        preempted = self.state.slot.state is not SlotState.WARMING
         decisions = self.state.checked(result.step, None if preempted else result.results, now.s, now.wall_ms)
         effects: list[Effect] = [Tally("checks", decisions.checks), Tally("skipped", decisions.skipped)]
         self._job = None
-        self.state.turns.warmed()
-        if self.state.turns.may_generate:  # a question came first: the watch is checked again after it
+        self.state.slot.warmed()
+        if self.state.slot.may_generate:  # a question came first: the watch is checked again after it
             return effects + [Send(e) for e in decisions.events] + self._start(now)
         if decisions.fires and self.state.running is None:
             fire = decisions.fires[0]

@@ -34,7 +34,7 @@ from handlers.media.preparation import PreparedFrame
 from handlers.core.answer import Answer, Outcome
 from handlers.core.jobs import CheckStep
 from handlers.core.hearing import Hearing
-from handlers.core.lifecycle import Turns
+from handlers.core.lifecycle import EngineSlot
 from handlers.core.planning import Planning
 from handlers.core.timeline_prompts import TimelinePrompts
 from handlers.wire.protocol import (
@@ -109,7 +109,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         self.system_items: dict[str, str] = {}  # system items: text that joins the instructions
         self.speech_item: str | None = None  # the item id of the speech heard now (or last)
         self.items = Conversation(self)  # the conversation's items as a Realtime client edits them
-        self.turns = Turns()  # what runs on the engine: a prefill, or the answer asked or running
+        self.slot = EngineSlot()  # what runs on the engine: a prefill, or the answer asked or running
         self.idle_at: float | None = None  # when silence starts an answer (turn_detection.idle_timeout_ms)
         self._idle_since = 0  # the stream sample the silence counts from
         self._speech_items = itertools.count(1)
@@ -250,7 +250,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
             self.watch_frame_accepted()
         warm_due = self.warm_prefix and (intake.frame is not None or bool(intake.evicted))
         if warm_due:
-            self.turns.prefix_behind()
+            self.slot.prefix_behind()
         return replace(intake, warm_due=warm_due)
 
     def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:
@@ -260,7 +260,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
     @property
     def running(self) -> Answer | None:
         """The answer asked or running, until its end or withdrawal."""
-        return self.turns.answer
+        return self.slot.answer
 
     def ask(self, answer: Answer, received: float) -> bool:
         """Ask the session for a planned answer (``received``: when the question came, in
@@ -270,7 +270,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         running: the caller interrupts it, and waits for its end, first."""
         answer.received = received
         answer.previous_item_id = self.items.tail
-        stop_prefill = self.turns.ask(answer)
+        stop_prefill = self.slot.ask(answer)
         if answer.in_conversation:
             self.items.appended(answer.item_id)
         return stop_prefill
@@ -278,7 +278,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
     def withdraw(self, answer: Answer) -> None:
         """The asked answer will not start (nothing of it was sent): its frames may go."""
         self._release(answer)
-        self.turns.withdraw()
+        self.slot.withdraw()
 
     def end_answer(self, answer: Answer, outcome: Outcome, now: float, error_code: str | None = None) -> list[ServerEvent]:
         """End the running answer; returns its closing events (``Answer.end``: text done,
@@ -289,7 +289,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         events = answer.end(outcome, now, error_code)
         self._release(answer)
         self._keep(answer)
-        self.turns.end()
+        self.slot.end()
         turns = self.config.turn_detection
         if turns is not None and turns.idle_timeout_ms is not None and self.detector is not None:
             if not answer.after_silence:

@@ -8,7 +8,7 @@ group is cancelled and awaited, so nothing it started outlives it.
 
 Control comes before media: the reader hands the core each control message the moment it is
 read (``Read``: ``ping`` is answered, a cancel or a new question stops the running answer);
-frames go through the frame lane, everything else through the turn lane, each in the order
+frames go through the frame lane, everything else through the event lane, each in the order
 read (``Handle``), so a question always sees the frames sent before it, and waits in its lane
 while the core holds lane inputs behind the running answer's end.
 
@@ -139,7 +139,7 @@ class Session:
             if not await self._configure():
                 return
             frames_in, frames_out = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
-            turns_in, turns_out = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
+            events_in, events_out = anyio.create_memory_object_stream[object](self.core.limits.max_queue)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self.executor = Executor(self.core, self.engine, self.voice, tg, send=self.send,
@@ -149,9 +149,9 @@ class Session:
                              self.id[:8], self.engine.capabilities.name)
                 await self.executor.input(Opened())
                 tg.start_soon(self.executor.timers)
-                tg.start_soon(self._read, frames_in, turns_in)
+                tg.start_soon(self._read, frames_in, events_in)
                 tg.start_soon(self._take_frames, frames_out)
-                tg.start_soon(self._take_turns, turns_out)
+                tg.start_soon(self._take_events, events_out)
         except* Disconnected as gone:  # the client left (or an idle/closing error was sent)
             self._dropped = gone.subgroup(lambda e: isinstance(e, Disconnected) and e.code == 1000) is None
         finally:
@@ -293,7 +293,7 @@ class Session:
         self, frames: anyio.abc.ObjectSendStream[object], turns: anyio.abc.ObjectSendStream[object]
     ) -> None:
         """Read messages: answer control at once (within the session's control budget), queue
-        frames to the frame lane and everything else to the turn lane. Each message is one
+        frames to the frame lane and everything else to the event lane. Each message is one
         turn of the event loop at most: the reader yields after every message, so a session
         with a backlog of buffered messages cannot hold the loop from the others."""
         async with frames, turns:
@@ -395,7 +395,7 @@ class Session:
                     self.frames_handled += 1
                     self._wake()
 
-    async def _take_turns(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
+    async def _take_events(self, queue: anyio.abc.ObjectReceiveStream[object]) -> None:
         """Audio, questions, commands and ``video.done`` in the order read; each first waits
         until the frame lane has handled every frame read before it (so a question sees them)
         and the core takes lane input again, while frames read after it go on being acked."""

@@ -178,11 +178,11 @@ class Executor:
         await self.result(Prepared(event, prepared, effect.receive_ms))
 
     async def _prefill(self, effect: Prefill, origin: Origin | None) -> None:
-        self._tg.start_soon(self._warm, effect.step)
+        scope = self._scopes[id(effect.step)] = anyio.CancelScope()  # a Stop may come before it runs
+        self._tg.start_soon(self._warm, effect.step, scope)
 
-    async def _warm(self, step: WarmStep) -> None:
+    async def _warm(self, step: WarmStep, scope: anyio.CancelScope) -> None:
         """A prefill as a child of the session; a question stops it through its scope."""
-        scope = self._scopes[id(step)] = anyio.CancelScope()
         try:
             with scope:
                 await self.engine.prefill(self.core.session_id, step.prompt)
@@ -194,13 +194,13 @@ class Executor:
                 await self.result(Warmed(step))
 
     async def _check(self, effect: Check, origin: Origin | None) -> None:
-        self._tg.start_soon(self._run_checks, effect.step)
+        scope = self._scopes[id(effect.step)] = anyio.CancelScope()
+        self._tg.start_soon(self._run_checks, effect.step, scope)
 
-    async def _run_checks(self, step: CheckStep) -> None:
+    async def _run_checks(self, step: CheckStep, scope: anyio.CancelScope) -> None:
         """One round of watch checks on the warm prefix; a question stops it (and waits at
         most for the model step under way)."""
         results: list[tuple[str, float, float]] | None = None
-        scope = self._scopes[id(step)] = anyio.CancelScope()
         started = time.perf_counter()
         session = self.core.session_id
         try:

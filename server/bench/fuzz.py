@@ -9,7 +9,7 @@ palette PNG, animated GIF and PNG, truncated and bit-flipped files.
 
 One session takes them all. After each message a valid frame (``sync-N``) is sent: frames
 are processed in order, so by its ack every direct answer of the frame lane has arrived.
-Audio and questions go through the turn lane, beside the frames, so their errors may come
+Audio and questions go through the event lane, beside the frames, so their errors may come
 after a later message's marker (``LATE``). The check: every ``error`` has a code documented
 for that message (or a late one), never closes the session, and every frame with a
 ``frame_id`` got an ack or an error naming it. Every 25 messages a ``ping`` must get its
@@ -51,7 +51,7 @@ PARSE = frozenset({"invalid_json", "invalid_message", "unknown_type"})
 FRAME = PARSE | {"invalid_image", "frame_too_large"}
 AUDIO = PARSE | {"invalid_audio", "audio_overflow", "transcription_failed"}
 QUERY = AUDIO | {"no_frames", "invalid_image"}
-# From earlier frames and answers, or from the turn lane (audio, questions), which runs beside frames.
+# From earlier frames and answers, or from the event lane (audio, questions), which runs beside frames.
 LATE = frozenset({"invalid_image", "no_frames", "transcription_failed", "invalid_audio", "audio_overflow",
                   "invalid_watch", "unknown_watch", "too_many_watches"})
 WATCH = PARSE | {"invalid_watch", "unknown_watch", "too_many_watches"}

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The lane of messages the reader answers at once (they do not parse) and of the turn lane.
+#: The lane of messages the reader answers at once (they do not parse) and of the event lane.
 READER, TURNS = "reader", "turns"
 
 #: A lone surrogate, as JSON carries it (an escape the standard allows; not Unicode text).

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from handlers.core.answer import Answer, AnswerPhase, IllegalTransition, Outcome
-from handlers.core.lifecycle import TRANSITIONS, Trigger, Turns, TurnState
+from handlers.core.lifecycle import TRANSITIONS, Trigger, EngineSlot, SlotState
 from handlers.wire.protocol import ServerEvent
 from server.engines.base import AudioChunk, Finished, Sampling, TextDelta, Usage
 
@@ -29,49 +29,49 @@ def _types(events: list[ServerEvent]) -> list[str]:
 # --------------------------------------------------------------------------- the table
 
 
-def _in_state(state: TurnState) -> Turns:
-    """A ``Turns`` brought to ``state`` through allowed moves only."""
-    turns = Turns()
-    if state in {TurnState.WARMING, TurnState.DRAINING}:
+def _in_state(state: SlotState) -> EngineSlot:
+    """A ``EngineSlot`` brought to ``state`` through allowed moves only."""
+    turns = EngineSlot()
+    if state in {SlotState.WARMING, SlotState.DRAINING}:
         turns.prefix_behind()
         turns.warm()
-    if state in {TurnState.DRAINING, TurnState.ANSWERING}:
+    if state in {SlotState.DRAINING, SlotState.ANSWERING}:
         turns.ask(_answer())
     assert turns.state is state
     return turns
 
 
-def _end(turns: Turns) -> None:
+def _end(turns: EngineSlot) -> None:
     turns.start()
     turns.answer.end(Outcome.INTERRUPTED, 11.0)
     turns.end()
 
 
 #: How each trigger is pulled through the public methods.
-PULL: dict[Trigger, Callable[[Turns], object]] = {
-    Trigger.WARM: Turns.warm,
-    Trigger.WARMED: Turns.warmed,
+PULL: dict[Trigger, Callable[[EngineSlot], object]] = {
+    Trigger.WARM: EngineSlot.warm,
+    Trigger.WARMED: EngineSlot.warmed,
     Trigger.ASK: lambda t: t.ask(_answer()),
-    Trigger.WITHDRAW: Turns.withdraw,
+    Trigger.WITHDRAW: EngineSlot.withdraw,
     Trigger.END: _end,
 }
 
 
 @pytest.mark.parametrize(("row", "after"), list(TRANSITIONS.items()), ids=[f"{s.value}-{t.value}" for s, t in TRANSITIONS])
-def test_every_row_of_the_table_is_a_move(row: tuple[TurnState, Trigger], after: TurnState) -> None:
+def test_every_row_of_the_table_is_a_move(row: tuple[SlotState, Trigger], after: SlotState) -> None:
     """Each (state, trigger) row of the table moves to its next state, holding an answer exactly while one is asked."""
     state, trigger = row
     turns = _in_state(state)
     PULL[trigger](turns)
     assert turns.state is after
-    assert turns.answering == (after in {TurnState.ANSWERING, TurnState.DRAINING})
+    assert turns.answering == (after in {SlotState.ANSWERING, SlotState.DRAINING})
 
 
-ILLEGAL = [(s, t) for s in TurnState for t in Trigger if (s, t) not in TRANSITIONS]
+ILLEGAL = [(s, t) for s in SlotState for t in Trigger if (s, t) not in TRANSITIONS]
 
 
 @pytest.mark.parametrize(("state", "trigger"), ILLEGAL, ids=lambda v: v.value)
-def test_moves_outside_the_table_raise_and_change_nothing(state: TurnState, trigger: Trigger) -> None:
+def test_moves_outside_the_table_raise_and_change_nothing(state: SlotState, trigger: Trigger) -> None:
     """A move the table does not hold raises IllegalTransition and leaves the state and the answer as they were."""
     turns = _in_state(state)
     answer = turns.answer
@@ -83,7 +83,7 @@ def test_moves_outside_the_table_raise_and_change_nothing(state: TurnState, trig
 
 def test_no_prefill_while_a_question_waits_and_none_twice() -> None:
     """A prefill starts only when idle and behind; a question during one must wait for it to end."""
-    turns = Turns()
+    turns = EngineSlot()
     assert not turns.warm_due
     turns.prefix_behind()
     assert turns.warm_due
@@ -97,27 +97,13 @@ def test_no_prefill_while_a_question_waits_and_none_twice() -> None:
     turns.warmed()
     assert turns.may_generate and not turns.warm_due
     _end(turns)
-    assert turns.state is TurnState.IDLE and turns.warm_due  # the answer joined the timeline
+    assert turns.state is SlotState.IDLE and turns.warm_due  # the answer joined the timeline
 
 
 def test_question_when_idle_needs_no_stop() -> None:
     """A question with nothing running may start at once."""
-    turns = Turns()
+    turns = EngineSlot()
     assert turns.ask(_answer()) is False and turns.may_generate
-
-
-def test_every_change_is_announced() -> None:
-    """on_change is called after every change, so the adapter's waiters never miss one."""
-    calls: list[TurnState] = []
-    turns = Turns(on_change=lambda: calls.append(turns.state))
-    turns.prefix_behind()
-    turns.warm()
-    turns.ask(_answer())
-    turns.withdraw()
-    turns.warmed()
-    turns.nothing_to_warm()
-    assert calls == [TurnState.IDLE, TurnState.WARMING, TurnState.DRAINING, TurnState.WARMING, TurnState.IDLE,
-                     TurnState.IDLE]
 
 
 # --------------------------------------------------------------------------- one answer
@@ -236,7 +222,7 @@ def test_misuse_of_an_answer_raises(misuse: str) -> None:
 @pytest.mark.parametrize("race", ["cancel", "failure", "disconnect"])
 def test_exactly_one_end_when_an_interruption_meets_the_normal_end(race: str) -> None:
     """A cancel, a failure or a dropped client meeting the engine's own end still makes exactly one response.done."""
-    turns = Turns()
+    turns = EngineSlot()
     turns.ask(_answer())
     answer = turns.answer
     made = list(turns.start())
@@ -255,17 +241,17 @@ def test_exactly_one_end_when_an_interruption_meets_the_normal_end(race: str) ->
     types = _types(made)
     assert types.count("response.start") == 1 and types.count("response.done") == 1 and types[-1] == "response.done"
     assert made[-1].status == outcome.value and made[-1].usage.completion_tokens == 1
-    assert turns.state is TurnState.IDLE and not turns.answering
+    assert turns.state is SlotState.IDLE and not turns.answering
 
 
 def test_withdrawn_question_sends_nothing_and_frees_the_turn() -> None:
     """A question dropped before it started (no usable frame) makes no event and lets the next one be asked."""
-    turns = Turns()
+    turns = EngineSlot()
     turns.prefix_behind()
     turns.warm()
     turns.ask(_answer())
     turns.withdraw()
-    assert turns.state is TurnState.WARMING and not turns.answering
+    assert turns.state is SlotState.WARMING and not turns.answering
     turns.warmed()
     turns.ask(_answer())
     assert turns.may_generate
@@ -279,14 +265,14 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.turns = Turns()
+        self.slot = EngineSlot()
         self.now = 0.0
         self.sent: list[ServerEvent] = []
         self.asked = 0
 
     def _snapshot(self) -> tuple[object, ...]:
-        answer = self.turns.answer
-        return self.turns.state, self.turns.behind, answer, answer and answer.phase
+        answer = self.slot.answer
+        return self.slot.state, self.slot.behind, answer, answer and answer.phase
 
     def _try(self, action: Callable[[], object]) -> object:
         before = self._snapshot()
@@ -302,38 +288,38 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule()
     def frames_arrive(self) -> None:
-        self.turns.prefix_behind()
+        self.slot.prefix_behind()
 
     @rule()
     def warm(self) -> None:
-        legal = (self.turns.state, Trigger.WARM) in TRANSITIONS
-        self._try(self.turns.warm)
-        assert not legal or self.turns.state is TurnState.WARMING
+        legal = (self.slot.state, Trigger.WARM) in TRANSITIONS
+        self._try(self.slot.warm)
+        assert not legal or self.slot.state is SlotState.WARMING
 
     @rule()
     def warmed(self) -> None:
-        self._try(self.turns.warmed)
+        self._try(self.slot.warmed)
 
     @rule()
     def ask(self) -> None:
-        before = self.turns.state
-        self._try(lambda: self.turns.ask(_answer(self.now)))
+        before = self.slot.state
+        self._try(lambda: self.slot.ask(_answer(self.now)))
         if (before, Trigger.ASK) in TRANSITIONS:
             self.asked += 1
-            assert self.turns.state is TRANSITIONS[before, Trigger.ASK]
+            assert self.slot.state is TRANSITIONS[before, Trigger.ASK]
 
     @rule()
     def withdraw(self) -> None:
-        self._try(self.turns.withdraw)
+        self._try(self.slot.withdraw)
 
     @rule()
     def start(self) -> None:
-        events = self._try(self.turns.start)
+        events = self._try(self.slot.start)
         self.sent += events or []
 
     @rule(out=st.sampled_from(["text", "audio", "finished"]))
     def engine_output(self, out: str) -> None:
-        answer = self.turns.answer
+        answer = self.slot.answer
         if answer is None:
             return
         made = {"text": TextDelta("w "), "audio": AudioChunk(b"RIFF"), "finished": Finished("stop", Usage())}[out]
@@ -341,25 +327,25 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule()
     def speech(self) -> None:
-        answer = self.turns.answer
+        answer = self.slot.answer
         if answer is not None:
             self.sent += self._try(lambda: answer.audio_out(b"RIFF", self._tick())) or []
 
     @rule(outcome=st.sampled_from(Outcome))
     def end(self, outcome: Outcome) -> None:
-        answer = self.turns.answer
+        answer = self.slot.answer
         if answer is not None:
             self.sent += self._try(lambda: answer.end(outcome, self._tick())) or []
 
     @rule()
     def turn_over(self) -> None:
-        self._try(self.turns.end)
+        self._try(self.slot.end)
 
     @invariant()
     def state_and_answer_agree(self) -> None:
-        answering = self.turns.state in {TurnState.ANSWERING, TurnState.DRAINING}
-        assert self.turns.answering == answering
-        assert not self.turns.warm_due or self.turns.state is TurnState.IDLE
+        answering = self.slot.state in {SlotState.ANSWERING, SlotState.DRAINING}
+        assert self.slot.answering == answering
+        assert not self.slot.warm_due or self.slot.state is SlotState.IDLE
 
     @invariant()
     def events_are_well_formed(self) -> None:
@@ -373,22 +359,22 @@ class LifecycleMachine(RuleBasedStateMachine):
                 if event.type == "response.done":
                     open_id = None
 
-    @precondition(lambda self: self.turns.answer is not None)
+    @precondition(lambda self: self.slot.answer is not None)
     @rule()
     def finish_properly(self) -> None:
         """The adapter's way out of any state: end (or withdraw) the answer, then the turn."""
-        answer = self.turns.answer
+        answer = self.slot.answer
         if answer.phase is AnswerPhase.ASKED:
-            self.turns.withdraw()
+            self.slot.withdraw()
             return
         if answer.phase is AnswerPhase.STARTED:
             self.sent += answer.end(Outcome.INTERRUPTED, self._tick())
-        self.turns.end()
+        self.slot.end()
 
     def teardown(self) -> None:
         starts = sum(e.type == "response.start" for e in self.sent)
         dones = sum(e.type == "response.done" for e in self.sent)
-        open_answer = self.turns.answer is not None and self.turns.answer.phase is AnswerPhase.STARTED
+        open_answer = self.slot.answer is not None and self.slot.answer.phase is AnswerPhase.STARTED
         assert dones == starts - open_answer
 
 

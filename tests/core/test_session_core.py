@@ -218,7 +218,7 @@ def test_num_frames_without_warm_prefix() -> None:
     assert used == [0, 2, 4, 5]
 
 
-def test_eviction_folds_old_turns_into_bounded_text() -> None:
+def test_eviction_folds_old_events_into_bounded_text() -> None:
     """Turns whose frames all left the window become text history, bounded in count and tokens."""
     core = _core(warm=True, enable_frame_filter=False, max_frames=4)
     for i in range(4):
