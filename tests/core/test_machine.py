@@ -8,19 +8,18 @@ import wave
 import numpy as np
 import pytest
 
-from handlers.core.answer import Outcome
 from handlers.core.effects import (
     Check,
     FrameShed,
     Handle,
     ListenFeed,
     ListenStart,
+    Now,
     Prefill,
     Read,
     ResetVad,
     Send,
     SpeechDetected,
-    StartAnswer,
     Tick,
     Timer,
     TranscribeHeld,
@@ -37,7 +36,7 @@ RED = {"watch_id": "red", "condition": "Is the screen red?", "mode": "alert"}
 HEARS = VoicePaths(input="pocketsphinx", vad_window=512)
 
 
-def answering(**config: object) -> list[object]:
+def answering() -> list[object]:
     """A session with one frame warmed and one answer running."""
     return [frame(1, "f1"), Warm(), *ask("first?")]
 
@@ -273,9 +272,7 @@ def test_after_an_answer_the_next_frame_warms_from_it() -> None:
     assert said(run_core([frame(2, "f2")], run.core).effects)[-1] == "prefill"
 
 
-def _now():
-    from handlers.core.effects import Now
-
+def _now() -> Now:
     return Now(1000.0, 1_000_000.0)
 
 
@@ -291,5 +288,3 @@ def _wav(seconds: float) -> bytes:
         w.writeframes(np.zeros(int(24000 * seconds), "<i2").tobytes())
     return out.getvalue()
 
-
-_ = Outcome  # the outcomes End takes
