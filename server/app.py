@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from handlers.core.events import ErrorReported
 from handlers.media import pixel_pool
 from server import blocking
 from handlers.core.negotiation import Limits
@@ -25,7 +26,6 @@ from handlers.core.frames import live_frame_count
 from handlers.core.rate_limit import ControlLimits
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import Observers
-from handlers.wire.protocol import ErrorEvent
 from handlers.session.resume import ParkedSession, ParkingLot, digest
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.realtime import RealtimeCodec
@@ -263,7 +263,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
 async def _refuse(transport: WebSocketTransport, code: ErrorCode, message: str, codec: WireCodec) -> None:
     try:
-        for text in codec.encode(ErrorEvent(code=code.value, message=message, closes_session=True)):
+        for text in codec.encode(ErrorReported(code=code.value, message=message, closes_session=True)):
             await transport.send(text)
     except CloseConnection as close:  # a protocol that says it with the close itself
         await transport.close(close.code, close.reason)

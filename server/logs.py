@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Literal
 
+from handlers.core.events import AnswerEnded, Event, SessionReady
 from handlers.session import log_context
 from handlers.session.observer import SessionObserver
-from handlers.wire.protocol import ResponseDone, ServerEvent, SessionReady
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s"
 
@@ -89,10 +89,10 @@ class SessionLog(SessionObserver):
     def opened(self) -> None:
         self.log.info("session opened (%s)", self.protocol)
 
-    def sent(self, event: ServerEvent) -> None:
+    def sent(self, event: Event) -> None:
         if isinstance(event, SessionReady):
             self.log.info("session configured: engine %s", event.capabilities.get("name"))
-        elif isinstance(event, ResponseDone):
+        elif isinstance(event, AnswerEnded):
             self.answers += 1
             self.log.info(
                 "answer %s: %s (%s), ttft %s ms, %d prompt tokens (%d cached), %d generated",

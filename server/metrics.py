@@ -17,19 +17,10 @@ from collections.abc import Callable
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from handlers.core.events import AnswerAudioDelta, AnswerEnded, ErrorReported, Event, FrameAcked, WatchFired
 from handlers.wire.errors import ErrorCode
 from handlers.session.observer import FrameOutcome, SessionObserver
-from handlers.wire.protocol import (
-    AudioChunkIn,
-    ClientEvent,
-    ErrorEvent,
-    FrameAck,
-    ResponseAudioDelta,
-    ResponseDone,
-    ServerEvent,
-    VideoQuery,
-    WatchFired,
-)
+from handlers.wire.protocol import AudioChunkIn, ClientEvent, VideoQuery
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PROTOCOLS = ("video_chat", "realtime", "gemini_live")
@@ -159,22 +150,22 @@ class SessionMetrics(SessionObserver):
         elif isinstance(event, VideoQuery) and event.audio_data:
             self.m.audio_in.inc(_base64_size(event.audio_data) / MIC_BYTES_PER_S)
 
-    def sent(self, event: ServerEvent) -> None:
-        if isinstance(event, FrameAck):
+    def sent(self, event: Event) -> None:
+        if isinstance(event, FrameAcked):
             self.m.ack_latency.observe(max(0.0, time.time() - event.server_receive_ts_ms / 1000.0))
-        elif isinstance(event, ResponseDone):
+        elif isinstance(event, AnswerEnded):
             self.m.answers.labels(event.status).inc()
             if event.timings.ttft_ms is not None:
                 self.m.ttft.observe(event.timings.ttft_ms / 1000.0)
             self.m.prompt_tokens.inc(event.usage.prompt_tokens)
             self.m.cached_tokens.inc(event.usage.cached_tokens)
             self.m.completion_tokens.inc(event.usage.completion_tokens)
-        elif isinstance(event, ResponseAudioDelta):
+        elif isinstance(event, AnswerAudioDelta):
             self.m.audio_out.inc(wav_seconds(event.data))
         elif isinstance(event, WatchFired):
             self.m.watch_fires.inc()
             self.m.watch_totals["fires"] += 1
-        elif isinstance(event, ErrorEvent):
+        elif isinstance(event, ErrorReported):
             self.m.errors.labels(event.code).inc()
             if event.code in FRAME_ERRORS:
                 self.m.frames.labels("invalid").inc()

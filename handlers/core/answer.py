@@ -5,8 +5,9 @@ everything of that answer until its end: the plan (its frames, pinned until it e
 question's text and audio; sampling, modalities, instructions; what started it), the prompt's
 frames (``used``), the outputs (text, the audio sent and the words each piece said), the
 client's edits while it runs (truncated, deleted) and its end (the outcome, what stopped it,
-the error code). It turns each engine output into the server events to send and makes exactly
-one end (``response.done``, after the text and audio "done" events) per start.
+the error code). It turns each engine output into the core's events to send
+(``events.py``) and makes exactly one end (``AnswerEnded``, after the text and audio "done"
+events) per start.
 
 Its phases: asked -> started -> ended, or asked -> withdrawn (nothing was sent). A move it does
 not allow raises ``IllegalTransition`` (a bug in the code driving it, never a client's fault).
@@ -21,26 +22,26 @@ import base64
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from handlers.core.events import (
+    AnswerAudioDelta,
+    AnswerAudioDone,
+    AnswerEnded,
+    AnswerStarted,
+    AnswerTextDelta,
+    AnswerTextDone,
+    ConsumedFrame,
+    Event,
+    FramesConsumed,
+    QuestionTranscribed,
+    Timings,
+    Usage,
+    WatchTrigger,
+)
 from handlers.core.frames import Frame
 from handlers.core.prompt import frame_time_s
 from handlers.core.turn_detection import RATE
 from handlers.wire.commands import InputMessage
 from handlers.wire.errors import Origin
-from handlers.wire.protocol import (
-    ConsumedFrame,
-    FramesConsumed,
-    InputAudioTranscript,
-    ResponseAudioDelta,
-    ResponseAudioDone,
-    ResponseDone,
-    ResponseStart,
-    ResponseTextDelta,
-    ResponseTextDone,
-    ResponseTrigger,
-    ServerEvent,
-    Timings,
-    UsageInfo,
-)
 from server.engines.base import AudioChunk, AudioSegment, EngineEvent, Finished, Sampling, TextDelta
 
 
@@ -89,7 +90,7 @@ class Answer:
     modalities: list[str] = field(default_factory=lambda: ["text"])
     instructions: str | None = None  # replaces the system prompt for this answer only
     spoken: str = ""  # the question's words that were speech (transcribed): usage's audio tokens
-    trigger: ResponseTrigger | None = None  # what started it when no question did (a watch)
+    trigger: WatchTrigger | None = None  # what started it when no question did (a watch)
     input_ids: list[str] = field(default_factory=list)  # the items its question is made of
     in_conversation: bool = True  # false: its question and answer do not join the timeline
     context: list[InputMessage] | None = None  # its own context instead of the timeline
@@ -127,7 +128,7 @@ class Answer:
             raise IllegalTransition(f"answer {self.request_id}: cannot {action} when {self.phase.value}")
 
     # ------------------------------------------------------------------ before it starts
-    def transcribed(self, transcript: str) -> InputAudioTranscript:
+    def transcribed(self, transcript: str) -> QuestionTranscribed:
         """The question's audio was recognised: its words come before any typed text and
         replace the audio. Returns the ``input_audio.transcript`` event."""
         if self.audio is None:
@@ -136,16 +137,16 @@ class Answer:
         self.question = "\n".join(part for part in (transcript.strip(), self.question.strip()) if part)
         self.spoken = "\n".join(part for part in (transcript.strip(), self.spoken) if part)
         self.audio = None
-        return InputAudioTranscript(request_id=self.request_id, transcript=transcript, audio_ms=audio_ms)
+        return QuestionTranscribed(request_id=self.request_id, transcript=transcript, audio_ms=audio_ms)
 
-    def start_event(self) -> ResponseStart:
-        """The ``response.start`` this answer begins with."""
-        return ResponseStart(request_id=self.request_id, modalities=self.modalities, trigger=self.trigger,
+    def start_event(self) -> AnswerStarted:
+        """The ``AnswerStarted`` this answer begins with."""
+        return AnswerStarted(request_id=self.request_id, modalities=self.modalities, trigger=self.trigger,
                              item_id=self.item_id or None, metadata=self.metadata,
                              in_conversation=self.in_conversation, previous_item_id=self.previous_item_id)
 
-    def start(self) -> list[ServerEvent]:
-        """Returns ``[response.start]``. Raises ``IllegalTransition`` unless just asked."""
+    def start(self) -> list[Event]:
+        """Returns ``[AnswerStarted]``. Raises ``IllegalTransition`` unless just asked."""
         self._require(AnswerPhase.ASKED, "start")
         self.phase = AnswerPhase.STARTED
         return [self.start_event()]
@@ -177,7 +178,7 @@ class Answer:
             latest_pts_ms=max(pts) if pts else None,
         )
 
-    def output(self, out: EngineEvent, now: float) -> list[ServerEvent]:
+    def output(self, out: EngineEvent, now: float) -> list[Event]:
         """The events for one engine output: the frames consumed (first output only), then a
         text delta for text. Engine audio is not sent from here: it goes through ``audio``
         when the session passes it on. Raises ``IllegalTransition`` unless started and
@@ -185,20 +186,20 @@ class Answer:
         self._require(AnswerPhase.STARTED, "take engine output")
         if self.finished is not None:
             raise IllegalTransition(f"answer {self.request_id}: engine output after it finished")
-        events: list[ServerEvent] = []
+        events: list[Event] = []
         if self.ttft_s is None:
             self.ttft_s = now - self.received
             events.append(self.consumed())
         if isinstance(out, TextDelta):
             self._text.append(out.text)
-            events.append(ResponseTextDelta(request_id=self.request_id, delta=out.text))
+            events.append(AnswerTextDelta(request_id=self.request_id, delta=out.text))
         elif isinstance(out, Finished):
             self.finished = out
         elif not isinstance(out, AudioChunk):
             raise TypeError(f"not an engine output: {type(out).__name__}")
         return events
 
-    def audio_out(self, wav: bytes, now: float, words: str = "") -> list[ServerEvent]:
+    def audio_out(self, wav: bytes, now: float, words: str = "") -> list[Event]:
         """One piece of the answer's speech (a 24 kHz WAV, saying ``words``; empty: the
         engine's own voice) as its delta event; a truncation finds what was heard by these
         pieces. Raises ``IllegalTransition`` unless started: no audio of an answer follows
@@ -209,7 +210,7 @@ class Answer:
         ms = max(0, len(wav) - 44) / 2 / 24  # PCM16 at 24 kHz after the 44-byte header
         total = self.audio_pieces[-1][0] if self.audio_pieces else 0.0
         self.audio_pieces.append((round(total + ms, 1), words))
-        return [ResponseAudioDelta(request_id=self.request_id, data=base64.b64encode(wav).decode("ascii"))]
+        return [AnswerAudioDelta(request_id=self.request_id, data=base64.b64encode(wav).decode("ascii"))]
 
     def stop(self, cause: str) -> None:
         """Something stopped the answer (``CAUSES``); the first cause is the one its end tells."""
@@ -223,9 +224,9 @@ class Answer:
         return self.stopped_by is not None
 
     # ------------------------------------------------------------------ its end
-    def end(self, outcome: Outcome, now: float, error_code: str | None = None) -> list[ServerEvent]:
+    def end(self, outcome: Outcome, now: float, error_code: str | None = None) -> list[Event]:
         """The closing events: the whole text (when completed or any was made), audio done
-        (when any audio was sent), then ``response.done`` with usage and timings, and why it
+        (when any audio was sent), then ``AnswerEnded`` with usage and timings, and why it
         ended when it did not complete (``interrupted_by``: what stopped it, else the
         session's end; ``error_code``: the error sent for a failed one).
 
@@ -238,23 +239,23 @@ class Answer:
         self.phase, self.outcome = AnswerPhase.ENDED, outcome
         if outcome is Outcome.FAILED:
             self.error_code = error_code or "internal_error"
-        events: list[ServerEvent] = []
+        events: list[Event] = []
         text = self.text
         if outcome is Outcome.COMPLETED or text:
-            events.append(ResponseTextDone(request_id=self.request_id, text=text))
+            events.append(AnswerTextDone(request_id=self.request_id, text=text))
         if self.first_audio_s is not None:
-            events.append(ResponseAudioDone(request_id=self.request_id))
+            events.append(AnswerAudioDone(request_id=self.request_id))
         if outcome is Outcome.COMPLETED:
             reason: str | None = self.finished.finish_reason
         else:
             reason = "abort" if outcome is Outcome.INTERRUPTED else "error"
-        usage = UsageInfo(**asdict(self.finished.usage)) if self.finished is not None else UsageInfo()
+        usage = Usage(**asdict(self.finished.usage)) if self.finished is not None else Usage()
         timings = Timings(
             ttft_ms=None if self.ttft_s is None else _ms(self.ttft_s),
             first_audio_ms=None if self.first_audio_s is None else _ms(self.first_audio_s),
             total_ms=_ms(now - self.received),
         )
-        events.append(ResponseDone(
+        events.append(AnswerEnded(
             request_id=self.request_id, status=outcome.value, finish_reason=reason, usage=usage, timings=timings,
             trigger=self.trigger,
             interrupted_by=(self.stopped_by or "session_end") if outcome is Outcome.INTERRUPTED else None,

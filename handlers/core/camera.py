@@ -2,7 +2,7 @@
 
 ``Camera`` holds the frame buffer (``frames.py``), the similarity filter's verdict on each
 frame (``handlers/media/similarity.py``), the session's first frame (the prompt's times count
-from it) and the last frame it took; it makes each frame's ``video.frame.ack``, a frame shed at intake
+from it) and the last frame it took; it makes each frame's ``FrameAcked``, a frame shed at intake
 (the server could not keep up) included. Pure and
 synchronous, like the rest of the core: the session core feeds it prepared frames and adds
 what the rest of the session needs (the conversation's items, whether a warm-up is due).
@@ -13,10 +13,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from handlers.core.events import FrameAcked
 from handlers.core.frames import Frame, FrameBuffer
 from handlers.media.similarity import DEFAULT_THRESHOLD, SimilarityFilter
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import FrameAck, SessionConfig, VideoFrame
+from handlers.wire.protocol import SessionConfig, VideoFrame
 
 #: ``detail: "low"``: an image goes to the model at most this size (and half the model's at most).
 LOW_DETAIL_SIDE = 512
@@ -28,7 +29,7 @@ class FrameIntake:
     the frame buffered (None: filtered), the frames evicted, and whether the warm prefix is
     behind now (``warm_due``: the core has told its turns)."""
 
-    ack: FrameAck | None
+    ack: FrameAcked | None
     frame: Frame | None  # the buffered frame, None when filtered
     evicted: list[Frame]
     warm_due: bool = False
@@ -99,7 +100,7 @@ class Camera:
         evicted = self.buffer.add(frame)
         return FrameIntake(self._ack(event, now_ms, True, decision.similarity, evicted, previous), frame, evicted)
 
-    def shed(self, event: VideoFrame, now_ms: float, previous: str | None) -> FrameAck | None:
+    def shed(self, event: VideoFrame, now_ms: float, previous: str | None) -> FrameAcked | None:
         """A frame dropped at intake because the server cannot keep up: its ack says so
         (``reason: "overloaded"``); nothing is buffered."""
         ack = self._ack(event, now_ms, False, 0.0, [], previous)
@@ -108,11 +109,11 @@ class Camera:
     def _ack(
         self, event: VideoFrame, now_ms: float, accepted: bool, similarity: float, evicted: list[Frame],
         previous: str | None,
-    ) -> FrameAck | None:
+    ) -> FrameAcked | None:
         if event.frame_id is None:
             return None
         dropped = [f.frame_id for f in evicted if f.frame_id is not None]
-        return FrameAck(
+        return FrameAcked(
             frame_id=event.frame_id, pts_ms=event.pts_ms, capture_ts_ms=event.capture_ts_ms, accepted=accepted,
             buffered_frames=len(self.buffer), server_receive_ts_ms=now_ms, reason=None if accepted else "filtered",
             similarity=round(similarity, 4), dropped_frame_id=dropped[0] if dropped else None,

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from handlers.core.answer import Answer, Outcome
+from handlers.core.events import ErrorReported, Event
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.media.preparation import PreparedFrame
 from handlers.wire.errors import Origin, SessionError
-from handlers.wire.protocol import ErrorEvent, ServerEvent, VideoFrame
+from handlers.wire.protocol import VideoFrame
 from server.engines.base import EngineEvent, Prompt
 
 
@@ -171,7 +172,7 @@ Result = Union[Prepared, Warmed, Checked, Transcribed, Generated, Spoken, Ended,
 class Send:
     """Send ``event`` to the client."""
 
-    event: ServerEvent
+    event: Event
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +310,10 @@ Effect = Union[
 ]
 
 
-def error_event(exc: SessionError, origin: Origin | None = None) -> ErrorEvent:
+def error_event(exc: SessionError, origin: Origin | None = None) -> ErrorReported:
     """The one place a ``SessionError`` becomes an ``error`` event (``origin``: the client
     event it answers, when the error does not name one itself)."""
-    return ErrorEvent(
+    return ErrorReported(
         code=exc.code.value, message=exc.message, frame_id=exc.frame_id, closes_session=exc.closes_session,
         retry_after_ms=exc.retry_after_ms, origin=exc.origin or origin, wire_code=exc.wire_code,
     )

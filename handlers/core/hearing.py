@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from handlers.core.events import InputTranscribed, SpeechBegan, SpeechEnded
 from handlers.core.items import PendingInput
 from handlers.core.microphone import SpokenQuestion, audio_ms, decode_pcm
 from handlers.core.turn_detection import RATE, SpeechStarted, TurnDetector, TurnEvent
-from handlers.wire.commands import InputTranscribed
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import InputAudioSpeechStarted, InputAudioSpeechStopped, SessionConfig
+from handlers.wire.protocol import SessionConfig
 
 
 class Hearing:
@@ -66,13 +66,13 @@ class Hearing:
             return None
         return self.mic.question_start(self._padding())
 
-    def turn_event(self, decision: TurnEvent) -> InputAudioSpeechStarted | InputAudioSpeechStopped:
+    def turn_event(self, decision: TurnEvent) -> SpeechBegan | SpeechEnded:
         """The event that tells the client speech started or stopped (with the speech's item id)."""
         if isinstance(decision, SpeechStarted):
-            return InputAudioSpeechStarted(audio_start_ms=decision.start_ms, item_id=self.speech_item)
+            return SpeechBegan(audio_start_ms=decision.start_ms, item_id=self.speech_item)
         previous = self.items.tail
         self.items.appended(self.speech_item)  # the spoken item joins the conversation now
-        return InputAudioSpeechStopped(
+        return SpeechEnded(
             audio_start_ms=decision.start_ms, audio_end_ms=decision.end_ms, item_id=self.speech_item,
             previous_item_id=previous,
         )

@@ -23,16 +23,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from handlers.core.events import InputAdded, ItemDeleted, ItemRetrieved, ItemTruncated
 from handlers.core.timeline import Message, heard_text
-from handlers.wire.commands import (
-    ROOT,
-    InputAdded,
-    ItemDeleted,
-    ItemRetrieved,
-    ItemTruncated,
-    TruncateItem,
-    UserInput,
-)
+from handlers.wire.commands import ROOT, TruncateItem, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
 
 from handlers.core.frames import Frame, FrameBuffer

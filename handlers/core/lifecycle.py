@@ -32,7 +32,7 @@ from __future__ import annotations
 from enum import Enum
 
 from handlers.core.answer import Answer, AnswerPhase, IllegalTransition
-from handlers.wire.protocol import ServerEvent
+from handlers.core.events import Event
 
 
 class SlotState(Enum):
@@ -126,8 +126,8 @@ class EngineSlot:
         self.answer = answer
         return self.state is SlotState.DRAINING
 
-    def start(self) -> list[ServerEvent]:
-        """The asked answer starts; returns ``[response.start]``. Raises while the prefill it
+    def start(self) -> list[Event]:
+        """The asked answer starts; returns ``[AnswerStarted]``. Raises while the prefill it
         stopped is still running, or when no answer is asked."""
         if self.state is not SlotState.ANSWERING or self.answer is None:
             raise IllegalTransition(f"engine slot: cannot start an answer when {self.state.value}")

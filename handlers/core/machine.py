@@ -67,6 +67,7 @@ from handlers.core.effects import (
     Transcribed,
     Warmed,
 )
+from handlers.core.events import ErrorReported, Pong, SessionDone, SessionReady
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.lifecycle import SlotState
 from handlers.core.native_audio import NativeAudioTrim
@@ -77,13 +78,9 @@ from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudi
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
-    ErrorEvent,
     Ping,
-    Pong,
     ResponseCancel,
     SessionConfig,
-    SessionDone,
-    SessionReady,
     VideoDone,
     VideoFrame,
     VideoQuery,
@@ -208,11 +205,11 @@ class SessionMachine(SpeechDecisions):
 
     # ------------------------------------------------------------------ configuration
     def configure(self, config: SessionConfig) -> SessionReady:
-        """Apply the first message; returns ``session.ready``. Raises ``invalid_config``."""
+        """Apply the first message; returns ``SessionReady``. Raises ``invalid_config``."""
         return self.state.configure(config)
 
     def resumed(self, first: SessionReady) -> SessionReady:
-        """Taken back by its client: the ``session.ready`` to send (its buffered frames, all
+        """Taken back by its client: the ``SessionReady`` to send (its buffered frames, all
         decoded at intake, are warmed again when it opens)."""
         if self.warm_prefix and self.state.buffer.frames:
             self.state.slot.prefix_behind()
@@ -341,7 +338,7 @@ class SessionMachine(SpeechDecisions):
         detector = self.state.detector
         effects: list[Effect] = []
         for event in self.state.apply(command):
-            if isinstance(event, ErrorEvent):  # a refused part of a command that was carried out
+            if isinstance(event, ErrorReported):  # a refused part of a command that was carried out
                 event = event.model_copy(update={"origin": origin_of(command)})
             effects.append(Send(event))
         if self.warm_prefix and self.state.timeline.edited:

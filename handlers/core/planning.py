@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from handlers.core.answer import Answer
+from handlers.core.events import IdleTimeout, WatchTrigger
 from handlers.core.frames import Frame
 from handlers.core.items import PendingInput
 from handlers.core.microphone import SpokenQuestion, decode_pcm
 from handlers.core.turn_detection import RATE
 from handlers.core.watches import WATCH_ANSWER_TOKENS, Fire
-from handlers.wire.commands import AnswerRequest, IdleTimeout, InputMessage
+from handlers.wire.commands import AnswerRequest, InputMessage
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import ResponseTrigger, VideoQuery
+from handlers.wire.protocol import VideoQuery
 from server.engines.base import AudioSegment, Sampling
 
 
@@ -184,5 +185,5 @@ class Planning:
         answer = self._plan(frames, fire.question, None)
         tokens = min(spec.response.max_tokens or WATCH_ANSWER_TOKENS, self.limits.max_answer_tokens)
         answer.sampling = replace(answer.sampling, max_tokens=tokens)
-        answer.trigger = ResponseTrigger(watch_id=fire.watch.watch_id)
+        answer.trigger = WatchTrigger(watch_id=fire.watch.watch_id)
         return answer

@@ -13,17 +13,23 @@ from dataclasses import asdict, replace
 from enum import Enum
 
 
-from handlers.wire.commands import (
+from handlers.core.events import (
     AudioCleared,
     AudioCommitted,
+    ConfigUpdated,
+    ErrorReported,
+    Event,
+    FrameAcked,
+    OutputAudioCleared,
+    SessionReady,
+)
+from handlers.wire.commands import (
     ClearAudio,
     Command,
     ClearOutputAudio,
     CommitAudio,
     ConfigUpdate,
-    ConfigUpdated,
     DeleteItem,
-    OutputAudioCleared,
     RetrieveItem,
     TruncateItem,
     UserInput,
@@ -37,18 +43,7 @@ from handlers.core.hearing import Hearing
 from handlers.core.lifecycle import EngineSlot
 from handlers.core.planning import Planning
 from handlers.core.timeline_prompts import TimelinePrompts
-from handlers.wire.protocol import (
-    ErrorEvent,
-    FrameAck,
-    ServerEvent,
-    SessionConfig,
-    SessionReady,
-    TurnDetection,
-    VideoFrame,
-    WatchCreate,
-    WatchDelete,
-    WatchUpdate,
-)
+from handlers.wire.protocol import SessionConfig, TurnDetection, VideoFrame, WatchCreate, WatchDelete, WatchUpdate
 from handlers.core.items import Conversation, PendingInput
 from handlers.core.timeline import Exchange, Timeline
 from handlers.core.watches import Decisions, WatchBook, check_question
@@ -139,7 +134,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
 
     # ------------------------------------------------------------------ config
     def configure(self, config: SessionConfig) -> SessionReady:
-        """Apply the first message; returns the ``session.ready`` event."""
+        """Apply the first message; returns the ``SessionReady`` event."""
         config, notes = negotiate(config, self.limits, self.capabilities, self.voice)
         self.config = config
         self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
@@ -168,7 +163,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         )
 
     def resumed(self, first: SessionReady) -> SessionReady:
-        """The ``session.ready`` of this session taken back by its client: the first one's,
+        """The ``SessionReady`` of this session taken back by its client: the first one's,
         marked resumed, with the last frame the session took (the client resends after it)."""
         return first.model_copy(update={"resumed": True, "last_frame_id": self.last_frame_id})
 
@@ -253,7 +248,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
             self.slot.prefix_behind()
         return replace(intake, warm_due=warm_due)
 
-    def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAck | None:
+    def shed_frame(self, event: VideoFrame, now_ms: float) -> FrameAcked | None:
         """A frame dropped at intake because the server cannot keep up: its ack says so."""
         return self.camera.shed(event, now_ms, self.items.tail)
 
@@ -280,9 +275,9 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         self._release(answer)
         self.slot.withdraw()
 
-    def end_answer(self, answer: Answer, outcome: Outcome, now: float, error_code: str | None = None) -> list[ServerEvent]:
+    def end_answer(self, answer: Answer, outcome: Outcome, now: float, error_code: str | None = None) -> list[Event]:
         """End the running answer; returns its closing events (``Answer.end``: text done,
-        audio done, ``response.done`` with the cause or error code). Its frames may go, what
+        audio done, ``AnswerEnded`` with the cause or error code). Its frames may go, what
         it said joins the timeline (``_keep``), the turn is over (the prefix is behind), and
         with an idle timeout, silence from when its audio has played (``now``, seconds on the
         caller's clock) starts an answer: once, not after the answer a silence started."""
@@ -298,7 +293,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         return events
 
     # ------------------------------------------------------------------ conversation items
-    def apply(self, command: Command) -> list[ServerEvent]:
+    def apply(self, command: Command) -> list[Event]:
         """Carry out a command that starts no answer; returns the events to send.
 
         Raises ``SessionError`` (``invalid_message``, ``invalid_audio``, ``audio_overflow``,
@@ -309,7 +304,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
             refused = [*command.refused, *updated.refused]
             if not refused:
                 return [updated]
-            error = ErrorEvent(code=ErrorCode.INVALID_MESSAGE.value,
+            error = ErrorReported(code=ErrorCode.INVALID_MESSAGE.value,
                                message="session.update: not applied: " + "; ".join(refused)[:2000])
             return [updated.model_copy(update={"refused": refused}), error]
         if isinstance(command, UserInput):
@@ -355,7 +350,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         return AudioCommitted(item_id=item_id, audio_ms=audio_ms(pcm), previous_item_id=previous)
 
     # ------------------------------------------------------------------ watches
-    def apply_watch(self, event: WatchCreate | WatchUpdate | WatchDelete) -> list[ServerEvent]:
+    def apply_watch(self, event: WatchCreate | WatchUpdate | WatchDelete) -> list[Event]:
         """``watch.create`` / ``.update`` / ``.delete``; returns the event to send. Raises
         ``invalid_watch``, ``unknown_watch`` and ``too_many_watches``."""
         return [self.watches.apply(event)]

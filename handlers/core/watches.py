@@ -27,23 +27,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from handlers.core.events import Event, WatchChecked, WatchCleared, WatchCreated, WatchDeleted, WatchFired, WatchUpdated
 from handlers.core.frames import Frame
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.fields import MAX_ANSWER_TOKENS
-from handlers.wire.protocol import (
-    ServerEvent,
-    WatchCheck,
-    WatchCreate,
-    WatchDelete,
-    WatchCleared,
-    WatchCreated,
-    WatchDeleted,
-    WatchFired,
-    WatchSpec,
-    WatchUpdate,
-    WatchUpdated,
-    describe_validation_error,
-)
+from handlers.wire.protocol import WatchCreate, WatchDelete, WatchSpec, WatchUpdate, describe_validation_error
 
 #: The condition of a ``narrate`` watch that names none.
 NARRATE_CONDITION = "Has something changed in the scene since the last description that is worth saying?"
@@ -156,7 +144,7 @@ class WatchBook:
         return watch
 
     # ------------------------------------------------------------------ create, update, delete
-    def apply(self, event: WatchCreate | WatchUpdate | WatchDelete) -> ServerEvent:
+    def apply(self, event: WatchCreate | WatchUpdate | WatchDelete) -> Event:
         """``watch.create`` / ``.update`` / ``.delete``; returns the event to send (a created
         watch with the tokens each check adds to the prefix). Raises ``invalid_watch``,
         ``unknown_watch`` and ``too_many_watches``."""
@@ -224,7 +212,7 @@ class WatchBook:
             spec = watch.spec
             frame_id = frame.frame_id if frame is not None else None
             if spec.report_checks:
-                out.events.append(WatchCheck(watch_id=watch_id, frame_id=frame_id, probability=round(probability, 4),
+                out.events.append(WatchChecked(watch_id=watch_id, frame_id=frame_id, probability=round(probability, 4),
                                              ms=round(ms, 2)))
             if self._decide(watch, probability, now_s):
                 event = WatchFired(watch_id=watch_id, frame_id=frame_id, pts_ms=frame.pts_ms if frame else None,

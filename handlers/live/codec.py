@@ -36,6 +36,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from handlers.core.events import (
+    AnswerAudioDelta,
+    AnswerEnded,
+    AnswerStarted,
+    AnswerTextDelta,
+    ErrorReported,
+    Event,
+    FrameAcked,
+    QuestionTranscribed,
+    SessionClosing,
+    SessionReady,
+)
 from handlers.live import messages as live
 from handlers.media.preparation import decode_base64
 from handlers.wire.audio import microphone_audio, speaker_audio
@@ -59,18 +71,6 @@ from handlers.wire.fields import (
     MAX_QUESTION_CHARS,
 )
 from handlers.wire.running_answer import AnswerTracker
-from handlers.wire.server_events import (
-    ErrorEvent,
-    FrameAck,
-    InputAudioTranscript,
-    ResponseAudioDelta,
-    ResponseDone,
-    ResponseStart,
-    ResponseTextDelta,
-    ServerEvent,
-    SessionClosing,
-    SessionReady,
-)
 from server.speech.wav import INPUT_RATE, OUTPUT_RATE
 
 log = logging.getLogger("livesight.live")
@@ -354,24 +354,24 @@ class LiveCodec:
         return [*frames, *items, *asked]
 
     # ------------------------------------------------------------------ core -> client
-    def encode(self, event: ServerEvent) -> list[str]:
+    def encode(self, event: Event) -> list[str]:
         encoder = _ENCODERS.get(type(event))
         if encoder is None:
             return []  # no Live counterpart: frames consumed, speech started/stopped, items, pong
         return [m.encode() for m in encoder(self, event)]
 
-    def _response_start(self, event: ResponseStart) -> list[live.ServerMessage]:
+    def _response_start(self, event: AnswerStarted) -> list[live.ServerMessage]:
         self._answers.start(event, event.item_id or event.request_id)
         return []
 
-    def _text_delta(self, event: ResponseTextDelta) -> list[live.ServerMessage]:
+    def _text_delta(self, event: AnswerTextDelta) -> list[live.ServerMessage]:
         if not self._answers.speaking:
             return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(text=event.delta)]))]
         if self._output_words:
             return [_content(output_transcription=live.Transcription(text=event.delta))]
         return []
 
-    def _question_transcript(self, event: InputAudioTranscript) -> list[live.ServerMessage]:
+    def _question_transcript(self, event: QuestionTranscribed) -> list[live.ServerMessage]:
         if not self._input_words:
             return []
         return [_content(input_transcription=live.Transcription(text=event.transcript, finished=True))]
@@ -402,7 +402,7 @@ class LiveCodec:
             )
         )
 
-    def _frame(self, ack: FrameAck) -> list[live.ServerMessage]:
+    def _frame(self, ack: FrameAcked) -> list[live.ServerMessage]:
         if ack.reason == "overloaded":
             log.debug("frame %s shed: the server is overloaded", ack.frame_id)
         elif self._resumption and self._transparent and isinstance(ack.frame_id, str):
@@ -410,7 +410,7 @@ class LiveCodec:
                 return [self._resumption_update(ack.frame_id)]
         return []
 
-    def _audio(self, event: ResponseAudioDelta) -> list[live.ServerMessage]:
+    def _audio(self, event: AnswerAudioDelta) -> list[live.ServerMessage]:
         try:
             pcm = speaker_audio(event.data, OUTPUT_RATE)
         except ValueError as exc:
@@ -420,7 +420,7 @@ class LiveCodec:
         blob = live.InlineData(mime_type=f"audio/pcm;rate={OUTPUT_RATE}", data=data)
         return [_content(model_turn=live.ModelTurn(parts=[live.OutPart(inline_data=blob)]))]
 
-    def _done(self, event: ResponseDone) -> list[live.ServerMessage]:
+    def _done(self, event: AnswerEnded) -> list[live.ServerMessage]:
         self._answers.finish()
         usage = _usage(event)
         if event.status == "completed":
@@ -432,7 +432,7 @@ class LiveCodec:
             return [live.ServerMessage(server_content=live.ServerContent(interrupted=True), usage_metadata=usage)]
         return []  # failed: its error closed the connection; session_end: nobody is listening
 
-    def _error(self, event: ErrorEvent) -> list[live.ServerMessage]:
+    def _error(self, event: ErrorReported) -> list[live.ServerMessage]:
         code = ErrorCode(event.code)
         if code in CLOSES:
             message = _LIVE_REASONS.get(code) or event.message.replace("session.config", "setup")
@@ -459,7 +459,7 @@ def _instruction(instruction: live.Content | str | None) -> str | None:
     return "\n".join(part.text for part in instruction.parts if part.text) or None
 
 
-def _usage(event: ResponseDone) -> live.UsageMetadata:
+def _usage(event: AnswerEnded) -> live.UsageMetadata:
     usage = event.usage
     details = [
         live.ModalityTokenCount(modality=modality, token_count=getattr(usage, name))
@@ -479,12 +479,12 @@ def _usage(event: ResponseDone) -> live.UsageMetadata:
 #: Each core event's translation into Live messages (a core event not here has none).
 _ENCODERS: dict[type, Callable[[LiveCodec, Any], list[live.ServerMessage]]] = {
     SessionReady: LiveCodec._ready,
-    ResponseStart: LiveCodec._response_start,
-    ResponseTextDelta: LiveCodec._text_delta,
-    ResponseAudioDelta: LiveCodec._audio,
-    InputAudioTranscript: LiveCodec._question_transcript,
-    ResponseDone: LiveCodec._done,
-    FrameAck: LiveCodec._frame,
+    AnswerStarted: LiveCodec._response_start,
+    AnswerTextDelta: LiveCodec._text_delta,
+    AnswerAudioDelta: LiveCodec._audio,
+    QuestionTranscribed: LiveCodec._question_transcript,
+    AnswerEnded: LiveCodec._done,
+    FrameAcked: LiveCodec._frame,
     SessionClosing: LiveCodec._closing,
-    ErrorEvent: LiveCodec._error,
+    ErrorReported: LiveCodec._error,
 }

@@ -36,7 +36,7 @@ from handlers.realtime.errors import realtime_error
 from handlers.realtime.items import answer_request, audio_item, item_inputs, retrieved_item
 from handlers.realtime.session_view import SessionView
 from handlers.wire import commands as cmd
-from handlers.wire import server_events as v1
+from handlers.core import events as ev
 from handlers.wire.client_events import AudioChunkIn, SessionConfig, describe_validation_error
 from handlers.wire.codec import CoreInput
 from handlers.wire.errors import ErrorCode, Origin, SessionError
@@ -104,19 +104,19 @@ class RealtimeCodec:
         return [answer_request(response)]
 
     # ------------------------------------------------------------------ core -> client
-    def encode(self, event: v1.ServerEvent) -> list[str]:
+    def encode(self, event: ev.Event) -> list[str]:
         encoder = _ENCODERS.get(type(event))
         if encoder is None:
             return []  # events with no Realtime counterpart (frames consumed, pong, session done)
         return [rt.encode_realtime(out) for out in encoder(self, event)]
 
-    def _ready(self, event: v1.SessionReady) -> Out:
+    def _ready(self, event: ev.SessionReady) -> Out:
         return [rt.SessionCreated(event_id=self._eid(), session=self.session.ready(event))]
 
-    def _config_updated(self, event: cmd.ConfigUpdated) -> Out:
+    def _config_updated(self, event: ev.ConfigUpdated) -> Out:
         return [rt.SessionUpdated(event_id=self._eid(), session=self.session.updated(event))]
 
-    def _frame(self, ack: v1.FrameAck) -> Out:
+    def _frame(self, ack: ev.FrameAcked) -> Out:
         out: Out = []
         if ack.frame_id is not None:
             item = rt.Item(id=str(ack.frame_id), role="user", content=[rt.ItemContent(type="input_image")])
@@ -129,7 +129,7 @@ class RealtimeCodec:
             out.append(rt.ConversationItemDeleted(event_id=self._eid(), item_id=str(dropped)))
         return out
 
-    def _input_added(self, event: cmd.InputAdded) -> Out:
+    def _input_added(self, event: ev.InputAdded) -> Out:
         content = []
         if event.text:
             content.append(rt.ItemContent(type="input_text", text=event.text))
@@ -141,38 +141,38 @@ class RealtimeCodec:
         item = rt.Item(id=event.item_id, role=event.role, content=content)
         return self._added(item, event.previous_item_id)
 
-    def _audio_committed(self, event: cmd.AudioCommitted) -> Out:
+    def _audio_committed(self, event: ev.AudioCommitted) -> Out:
         self._question_audio_item = event.item_id
         previous = event.previous_item_id
         committed = rt.AudioBufferCommitted(event_id=self._eid(), previous_item_id=previous, item_id=event.item_id)
         return [committed, *self._added(audio_item(event.item_id), previous)]
 
-    def _audio_cleared(self, event: cmd.AudioCleared) -> Out:
+    def _audio_cleared(self, event: ev.AudioCleared) -> Out:
         return [rt.AudioBufferCleared(event_id=self._eid())]
 
-    def _item_deleted(self, event: cmd.ItemDeleted) -> Out:
+    def _item_deleted(self, event: ev.ItemDeleted) -> Out:
         return [rt.ConversationItemDeleted(event_id=self._eid(), item_id=event.item_id)]
 
-    def _item_retrieved(self, event: cmd.ItemRetrieved) -> Out:
+    def _item_retrieved(self, event: ev.ItemRetrieved) -> Out:
         return [rt.ConversationItemRetrieved(event_id=self._eid(), item=retrieved_item(event))]
 
-    def _item_truncated(self, event: cmd.ItemTruncated) -> Out:
+    def _item_truncated(self, event: ev.ItemTruncated) -> Out:
         return [rt.ConversationItemTruncated(event_id=self._eid(), item_id=event.item_id,
                                              content_index=event.content_index, audio_end_ms=event.audio_end_ms)]
 
-    def _idle_timeout(self, event: cmd.IdleTimeout) -> Out:
+    def _idle_timeout(self, event: ev.IdleTimeout) -> Out:
         return [rt.TimeoutTriggered(event_id=self._eid(), item_id=event.item_id,
                                     audio_start_ms=int(event.audio_start_ms), audio_end_ms=int(event.audio_end_ms))]
 
-    def _output_audio_cleared(self, event: cmd.OutputAudioCleared) -> Out:
+    def _output_audio_cleared(self, event: ev.OutputAudioCleared) -> Out:
         response_id = self._answers.last_request_id or f"resp_{self.session.session_id[5:13]}_none"
         return [rt.OutputAudioBufferCleared(event_id=self._eid(), response_id=response_id)]
 
-    def _speech_started(self, event: v1.InputAudioSpeechStarted) -> Out:
+    def _speech_started(self, event: ev.SpeechBegan) -> Out:
         self._speech_item = event.item_id or self._new_item()
         return [rt.SpeechStarted(event_id=self._eid(), audio_start_ms=int(event.audio_start_ms), item_id=self._speech_item)]
 
-    def _speech_stopped(self, event: v1.InputAudioSpeechStopped) -> Out:
+    def _speech_stopped(self, event: ev.SpeechEnded) -> Out:
         item_id = event.item_id or self._speech_item or self._new_item()
         self._speech_item = None
         self._question_audio_item = item_id
@@ -181,17 +181,17 @@ class RealtimeCodec:
         committed = rt.AudioBufferCommitted(event_id=self._eid(), previous_item_id=previous, item_id=item_id)
         return [stopped, committed, *self._added(audio_item(item_id), previous)]
 
-    def _question_transcript(self, event: v1.InputAudioTranscript) -> Out:
+    def _question_transcript(self, event: ev.QuestionTranscribed) -> Out:
         return self._transcribed(self._question_audio_item or self._new_item(), event.transcript, event.audio_ms)
 
-    def _held_transcript(self, event: cmd.InputTranscribed) -> Out:
+    def _held_transcript(self, event: ev.InputTranscribed) -> Out:
         return self._transcribed(event.item_id, event.transcript, event.audio_ms)
 
     def _transcribed(self, item_id: str, transcript: str, audio_ms: float) -> Out:
         usage = rt.TranscriptionUsage(seconds=round(audio_ms / 1000, 3))
         return [rt.TranscriptionCompleted(event_id=self._eid(), item_id=item_id, transcript=transcript, usage=usage)]
 
-    def _response_start(self, event: v1.ResponseStart) -> Out:
+    def _response_start(self, event: ev.AnswerStarted) -> Out:
         metadata = responses.response_metadata(event)
         answer = self._answers.start(event, event.item_id or self._new_item(), metadata)
         response = rt.ResponseOut(
@@ -212,18 +212,18 @@ class RealtimeCodec:
         out.append(rt.ContentPartAdded(event_id=self._eid(), part=responses.empty_part(answer.speaks), **ids))
         return out
 
-    def _text_delta(self, event: v1.ResponseTextDelta, answer: RunningAnswer) -> Out:
+    def _text_delta(self, event: ev.AnswerTextDelta, answer: RunningAnswer) -> Out:
         answer.text += event.delta
         if answer.speaks:
             return [rt.OutputAudioTranscriptDelta(event_id=self._eid(), delta=event.delta, **responses.ids(answer))]
         return [rt.OutputTextDelta(event_id=self._eid(), delta=event.delta, **responses.ids(answer))]
 
-    def _text_done(self, event: v1.ResponseTextDone, answer: RunningAnswer) -> Out:
+    def _text_done(self, event: ev.AnswerTextDone, answer: RunningAnswer) -> Out:
         if answer.speaks:
             return [rt.OutputAudioTranscriptDone(event_id=self._eid(), transcript=event.text, **responses.ids(answer))]
         return [rt.OutputTextDone(event_id=self._eid(), text=event.text, **responses.ids(answer))]
 
-    def _audio_delta(self, event: v1.ResponseAudioDelta, answer: RunningAnswer) -> Out:
+    def _audio_delta(self, event: ev.AnswerAudioDelta, answer: RunningAnswer) -> Out:
         try:
             delta = audio_out(event.data, self.session.out_format.type)
         except ValueError as exc:
@@ -231,10 +231,10 @@ class RealtimeCodec:
             return []
         return [rt.OutputAudioDelta(event_id=self._eid(), delta=delta, **responses.ids(answer))]
 
-    def _audio_done(self, event: v1.ResponseAudioDone, answer: RunningAnswer) -> Out:
+    def _audio_done(self, event: ev.AnswerAudioDone, answer: RunningAnswer) -> Out:
         return [rt.OutputAudioDone(event_id=self._eid(), **responses.ids(answer))]
 
-    def _response_done(self, event: v1.ResponseDone, answer: RunningAnswer) -> Out:
+    def _response_done(self, event: ev.AnswerEnded, answer: RunningAnswer) -> Out:
         self._answers.finish()
         status, details = responses.end_status(event)
         item = responses.answer_item(answer, "completed" if status == "completed" else "incomplete")
@@ -253,7 +253,7 @@ class RealtimeCodec:
             out.append(rt.ConversationItemDone(event_id=self._eid(), item=item))
         return [*out, rt.ResponseDone(event_id=self._eid(), response=response)]
 
-    def _error(self, event: v1.ErrorEvent) -> Out:
+    def _error(self, event: ev.ErrorReported) -> Out:
         return [realtime_error(event, self._eid())]
 
     # ------------------------------------------------------------------ helpers
@@ -304,26 +304,26 @@ _DECODERS: dict[type, Callable[[RealtimeCodec, Any], list[CoreInput]]] = {
 
 #: Each core event's translation into Realtime events (a core event not here has none).
 _ENCODERS: dict[type, Callable[[RealtimeCodec, Any], Out]] = {
-    v1.SessionReady: RealtimeCodec._ready,
-    cmd.ConfigUpdated: RealtimeCodec._config_updated,
-    v1.FrameAck: RealtimeCodec._frame,
-    cmd.InputAdded: RealtimeCodec._input_added,
-    cmd.AudioCommitted: RealtimeCodec._audio_committed,
-    cmd.AudioCleared: RealtimeCodec._audio_cleared,
-    cmd.ItemDeleted: RealtimeCodec._item_deleted,
-    cmd.ItemRetrieved: RealtimeCodec._item_retrieved,
-    cmd.ItemTruncated: RealtimeCodec._item_truncated,
-    cmd.IdleTimeout: RealtimeCodec._idle_timeout,
-    cmd.OutputAudioCleared: RealtimeCodec._output_audio_cleared,
-    v1.InputAudioSpeechStarted: RealtimeCodec._speech_started,
-    v1.InputAudioSpeechStopped: RealtimeCodec._speech_stopped,
-    v1.InputAudioTranscript: RealtimeCodec._question_transcript,
-    cmd.InputTranscribed: RealtimeCodec._held_transcript,
-    v1.ResponseStart: RealtimeCodec._response_start,
-    v1.ResponseTextDelta: _in_answer(RealtimeCodec._text_delta),
-    v1.ResponseTextDone: _in_answer(RealtimeCodec._text_done),
-    v1.ResponseAudioDelta: _in_answer(RealtimeCodec._audio_delta),
-    v1.ResponseAudioDone: _in_answer(RealtimeCodec._audio_done),
-    v1.ResponseDone: _in_answer(RealtimeCodec._response_done),
-    v1.ErrorEvent: RealtimeCodec._error,
+    ev.SessionReady: RealtimeCodec._ready,
+    ev.ConfigUpdated: RealtimeCodec._config_updated,
+    ev.FrameAcked: RealtimeCodec._frame,
+    ev.InputAdded: RealtimeCodec._input_added,
+    ev.AudioCommitted: RealtimeCodec._audio_committed,
+    ev.AudioCleared: RealtimeCodec._audio_cleared,
+    ev.ItemDeleted: RealtimeCodec._item_deleted,
+    ev.ItemRetrieved: RealtimeCodec._item_retrieved,
+    ev.ItemTruncated: RealtimeCodec._item_truncated,
+    ev.IdleTimeout: RealtimeCodec._idle_timeout,
+    ev.OutputAudioCleared: RealtimeCodec._output_audio_cleared,
+    ev.SpeechBegan: RealtimeCodec._speech_started,
+    ev.SpeechEnded: RealtimeCodec._speech_stopped,
+    ev.QuestionTranscribed: RealtimeCodec._question_transcript,
+    ev.InputTranscribed: RealtimeCodec._held_transcript,
+    ev.AnswerStarted: RealtimeCodec._response_start,
+    ev.AnswerTextDelta: _in_answer(RealtimeCodec._text_delta),
+    ev.AnswerTextDone: _in_answer(RealtimeCodec._text_done),
+    ev.AnswerAudioDelta: _in_answer(RealtimeCodec._audio_delta),
+    ev.AnswerAudioDone: _in_answer(RealtimeCodec._audio_done),
+    ev.AnswerEnded: _in_answer(RealtimeCodec._response_done),
+    ev.ErrorReported: RealtimeCodec._error,
 }

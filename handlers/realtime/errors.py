@@ -4,9 +4,9 @@ for the client's; the ``event_id`` of the client event that caused it."""
 
 from __future__ import annotations
 
+from handlers.core.events import ErrorReported
 from handlers.realtime import server_events as rt
 from handlers.wire.errors import ErrorCode
-from handlers.wire.server_events import ErrorEvent
 
 #: The core's errors that are the server's fault, not the client's.
 SERVER_ERRORS = frozenset(
@@ -31,7 +31,7 @@ def openai_code(code: str, event_type: str | None) -> str:
     return OPENAI_CODES.get((code, event_type)) or OPENAI_CODES.get((code, None)) or code
 
 
-def realtime_error(event: ErrorEvent, event_id: str) -> rt.RealtimeError:
+def realtime_error(event: ErrorReported, event_id: str) -> rt.RealtimeError:
     """The core's ``error`` as a Realtime ``error`` event with id ``event_id``."""
     origin = event.origin
     server_side = event.code in SERVER_ERRORS

@@ -12,13 +12,14 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 
+from handlers.core.events import ItemRetrieved
 from handlers.realtime import client_events as rtc
 from handlers.realtime import server_events as rt
 from handlers.realtime.audio import audio_in
 from handlers.realtime.session_view import core_modalities, max_tokens
 from handlers.wire.client_events import VideoFrame
 from handlers.wire.codec import CoreInput
-from handlers.wire.commands import AnswerRequest, InputMessage, ItemRetrieved, UserInput
+from handlers.wire.commands import AnswerRequest, InputMessage, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
 
 _TEXT_PARTS = frozenset({"input_text", "text", "output_text"})

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from handlers.core.events import AnswerEnded, AnswerStarted, Usage
 from handlers.realtime import server_events as rt
 from handlers.wire.running_answer import RunningAnswer
-from handlers.wire.server_events import ResponseDone, ResponseStart, UsageInfo
 
 
 def ids(answer: RunningAnswer) -> dict[str, Any]:
@@ -21,12 +21,12 @@ def ids(answer: RunningAnswer) -> dict[str, Any]:
     return {"response_id": answer.request_id, "item_id": answer.item_id}
 
 
-def response_metadata(event: ResponseStart) -> dict[str, str] | None:
+def response_metadata(event: AnswerStarted) -> dict[str, str] | None:
     """The client's metadata for the answer ``event`` starts; a watch's answer says which watch."""
     trigger = event.trigger
     if trigger is None:
         return event.metadata
-    return {**(event.metadata or {}), "livesight_trigger": trigger.type, "watch_id": trigger.watch_id}
+    return {**(event.metadata or {}), "livesight_trigger": "watch", "watch_id": trigger.watch_id}
 
 
 def answer_item(answer: RunningAnswer, status: str) -> rt.Item:
@@ -57,7 +57,7 @@ def output_modalities(answer: RunningAnswer) -> list[str]:
     return ["audio"] if answer.speaks else ["text"]
 
 
-def end_status(event: ResponseDone) -> tuple[str, rt.StatusDetails]:
+def end_status(event: AnswerEnded) -> tuple[str, rt.StatusDetails]:
     """The response's ``status`` and ``status_details`` for the core's end of the answer."""
     if event.status == "completed" and event.finish_reason == "length":
         return "incomplete", rt.StatusDetails(type="incomplete", reason="max_output_tokens")
@@ -70,7 +70,7 @@ def end_status(event: ResponseDone) -> tuple[str, rt.StatusDetails]:
     return "failed", rt.StatusDetails(type="failed", error=error)
 
 
-def usage(tokens: UsageInfo) -> rt.Usage:
+def usage(tokens: Usage) -> rt.Usage:
     """The answer's tokens as Realtime counts them."""
     return rt.Usage(
         total_tokens=tokens.prompt_tokens + tokens.completion_tokens,

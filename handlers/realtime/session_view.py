@@ -12,12 +12,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from handlers.core.events import ConfigUpdated, SessionReady
 from handlers.realtime import client_events as rtc
 from handlers.realtime import server_events as rt
 from handlers.wire.client_events import TurnDetection, TurnDetectionChange
-from handlers.wire.commands import ConfigUpdated
 from handlers.wire.fields import LIVESIGHT_FIELDS, MAX_ANSWER_TOKENS
-from handlers.wire.server_events import SessionReady
 
 
 def core_modalities(output_modalities: list[str]) -> list[str]:

@@ -31,6 +31,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from handlers.core.effects import Closed, FrameShed, Handle, Now, Opened, Read
+from handlers.core.events import Event, SessionClosing, SessionReady
 from handlers.core.machine import CONTROL, Phase, SessionMachine, Source, error_event
 from handlers.core.negotiation import Limits, opening_config
 from handlers.core.rate_limit import ControlBudget, ControlLimits, Verdict
@@ -48,10 +49,7 @@ from handlers.wire.errors import CLOSE_CODES, ErrorCode, Origin, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
     ResponseCancel,
-    ServerEvent,
-    SessionClosing,
     SessionConfig,
-    SessionReady,
     VideoDone,
     VideoFrame,
     VideoQuery,
@@ -260,7 +258,7 @@ class Session:
         await self.transport.close(CLOSE_CODES.get(exc.code, 1008))
 
     # ------------------------------------------------------------------ errors and sending
-    async def send(self, event: ServerEvent) -> None:
+    async def send(self, event: Event) -> None:
         async with self._send_lock:
             try:
                 texts = self.codec.encode(event)
@@ -279,7 +277,7 @@ class Session:
         await self.transport.close(close.code, close.reason)
         raise Disconnected(close.code)
 
-    async def _send_all(self, events: list[ServerEvent]) -> None:
+    async def _send_all(self, events: list[Event]) -> None:
         for event in events:
             await self.send(event)
 

@@ -56,6 +56,7 @@ from handlers.core.effects import (
     TranscribeHeld,
     Warmed,
 )
+from handlers.core.events import Event
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.machine import SessionMachine, error_event
 from handlers.media.preparation import decode_prepared, prepare_frame
@@ -65,7 +66,6 @@ from handlers.session.observer import SessionObserver
 from handlers.session.transport import Disconnected
 from handlers.session.voice import Listening, SpokenAnswer
 from handlers.wire.errors import ErrorCode, Origin, SessionError
-from handlers.wire.protocol import ServerEvent
 from server import blocking
 from server.engines.base import Engine, EngineError
 from server.speech.base import SpeechError, VadStream, Voice
@@ -80,7 +80,7 @@ class Executor:
 
     def __init__(
         self, core: SessionMachine, engine: Engine, voice: Voice, tg: TaskGroup, *,
-        send: Callable[[ServerEvent], Awaitable[None]], end: Callable[[], None], wake: Callable[[], None] = lambda: None,
+        send: Callable[[Event], Awaitable[None]], end: Callable[[], None], wake: Callable[[], None] = lambda: None,
         observer: SessionObserver | None = None, intake: IntakeLimits | None = None,
     ) -> None:
         self.core, self.engine, self.voice, self._tg = core, engine, voice, tg

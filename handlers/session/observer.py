@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from handlers.wire.protocol import ClientEvent, ServerEvent
+from handlers.core.events import Event
+from handlers.wire.protocol import ClientEvent
 
 #: What became of an incoming frame: buffered, dropped as a near-duplicate, pushed out of the
 #: buffer by newer frames, dropped under load before any work, or refused (bad or too large).
@@ -29,7 +30,7 @@ class SessionObserver:
     def received(self, event: ClientEvent) -> None:
         """A client message was parsed (bad messages are reported as the ``error`` they get)."""
 
-    def sent(self, event: ServerEvent) -> None:
+    def sent(self, event: Event) -> None:
         """An event was sent to the client."""
 
     def frames(self, outcome: FrameOutcome, count: int = 1) -> None:
@@ -61,7 +62,7 @@ class Observers(SessionObserver):
         for o in self.observers:
             o.received(event)
 
-    def sent(self, event: ServerEvent) -> None:
+    def sent(self, event: Event) -> None:
         for o in self.observers:
             o.sent(event)
 

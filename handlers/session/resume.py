@@ -20,9 +20,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from handlers.core.events import SessionReady
 from handlers.core.machine import SessionMachine
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import SessionReady
 
 
 def digest(secret: str | None) -> str:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 import anyio
 
 from handlers.core.effects import Handle, Opened, Read
+from handlers.core.events import Event
 from handlers.core.machine import CONTROL, SessionMachine, Source
 from handlers.core.negotiation import Limits
 from handlers.session.executor import Executor
@@ -25,7 +26,7 @@ from handlers.session.observer import SessionObserver
 from handlers.session.voice import voice_paths
 from handlers.wire.codec import CoreInput
 from handlers.wire.errors import SessionError
-from handlers.wire.protocol import AudioChunkIn, ServerEvent, SessionConfig, VideoDone, VideoFrame, origin_of
+from handlers.wire.protocol import AudioChunkIn, SessionConfig, VideoDone, VideoFrame, origin_of
 from server.engines.base import Engine
 from server.speech.base import Voice
 
@@ -33,7 +34,7 @@ class SourcedSession:
     """One session driven by a source instead of a connection (see the module docstring)."""
 
     def __init__(
-        self, engine: Engine, limits: Limits, config: SessionConfig, deliver: Callable[[ServerEvent], Awaitable[None]],
+        self, engine: Engine, limits: Limits, config: SessionConfig, deliver: Callable[[Event], Awaitable[None]],
         *, voice: Voice | None = None, intake: IntakeLimits | None = None, observer: SessionObserver | None = None,
         session_id: str | None = None,
     ) -> None:

@@ -1,8 +1,9 @@
-"""Core commands and core events that no v1 message carries.
+"""Core commands that no v1 message carries.
 
-The session core is driven by client events and answers with server events. Protocol v1
-(``protocol.py``) names most of them; the commands here are what other wire protocols need
-on top (a codec turns their messages into these; see ``codec.py``):
+The session core is driven by client events and answers with its own events
+(``handlers/core/events.py``). Protocol v1 (``protocol.py``) names most of the client
+events; the commands here are what other wire protocols need on top (a codec turns their
+messages into these; see ``codec.py``):
 
 Commands (codec -> core):
 
@@ -22,11 +23,8 @@ Commands (codec -> core):
                     optional per-answer instructions, modalities, token limit and metadata
     CancelRequest   stop the running answer; an error when none runs
 
-Events (core -> codec):
-
-    ConfigUpdated, InputAdded, AudioCommitted, AudioCleared, ItemDeleted, ItemRetrieved,
-    ItemTruncated, OutputAudioCleared, IdleTimeout (an answer starts after a silence),
-    InputTranscribed (a spoken turn kept for the next answer, as words)
+What the core says back to them (``ConfigUpdated``, ``InputAdded``, ``ItemTruncated``, ...)
+is in its own vocabulary, ``handlers/core/events.py``.
 
 ``SessionCore.apply`` carries out every command but ``AnswerRequest`` (which starts an
 answer, as ``video.query`` does) and ``CancelRequest`` (the adapter's) and returns the
@@ -42,7 +40,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from handlers.wire.errors import Origin
 from handlers.wire.fields import MAX_INSTRUCTIONS_CHARS, MAX_ITEM_TEXT_CHARS
-from handlers.wire.server_events import ServerEvent
 
 Role = Literal["user", "system", "assistant"]
 #: ``previous_item_id`` that puts an item first in the conversation.
@@ -151,90 +148,3 @@ class CancelRequest(Command):
     """Stop the running answer; ``response_cancel_not_active`` when none runs."""
 
     type: Literal["core.cancel_request"] = "core.cancel_request"
-
-
-# --------------------------------------------------------------------------- events
-
-
-class ConfigUpdated(ServerEvent):
-    """The effective configuration after a ``ConfigUpdate`` (same shape as ``session.ready``'s)."""
-
-    type: Literal["core.config_updated"] = "core.config_updated"
-    config: dict[str, Any]
-    notes: list[str] = Field(default_factory=list)
-    refused: list[str] = Field(default_factory=list)  # parts of the update not applied, and why
-    ignored: list[str] = Field(default_factory=list)  # the update's fields the server does not know
-
-
-class InputAdded(ServerEvent):
-    """An item joined the conversation after ``previous_item_id`` (None: first); ``at_end``:
-    it is the conversation's newest item (else it was put before others)."""
-
-    type: Literal["core.input_added"] = "core.input_added"
-    item_id: str
-    role: Role
-    text: str | None = None
-    audio_ms: float | None = None
-    previous_item_id: str | None = None
-    at_end: bool = True
-
-
-class AudioCommitted(ServerEvent):
-    type: Literal["core.audio_committed"] = "core.audio_committed"
-    item_id: str
-    audio_ms: float
-    previous_item_id: str | None = None
-
-
-class InputTranscribed(ServerEvent):
-    """A spoken turn that waits for the next answer (turn detection with ``create_response``
-    off, or speech over an answer it may not interrupt) was transcribed: the words replace its
-    audio. ``item_id`` is the speech's (``input_audio.speech_started``'s ``item_id``)."""
-
-    type: Literal["core.input_transcribed"] = "core.input_transcribed"
-    item_id: str
-    transcript: str
-    audio_ms: float
-
-
-class AudioCleared(ServerEvent):
-    type: Literal["core.audio_cleared"] = "core.audio_cleared"
-
-
-class ItemDeleted(ServerEvent):
-    type: Literal["core.item_deleted"] = "core.item_deleted"
-    item_id: str
-
-
-class ItemRetrieved(ServerEvent):
-    """An item as the core holds it: a frame (``image`` as a data URL), an input, or a
-    message of the conversation (an assistant's: ``text``, and ``audio_ms`` when spoken)."""
-
-    type: Literal["core.item_retrieved"] = "core.item_retrieved"
-    item_id: str
-    role: Role
-    kind: Literal["image", "input", "message"]
-    text: str | None = None
-    image: str | None = None
-    audio_ms: float | None = None
-
-
-class ItemTruncated(ServerEvent):
-    type: Literal["core.item_truncated"] = "core.item_truncated"
-    item_id: str
-    content_index: int
-    audio_end_ms: int
-
-
-class IdleTimeout(ServerEvent):
-    """Nobody spoke for ``turn_detection.idle_timeout_ms`` after an answer: an answer starts by
-    itself. ``audio_start_ms`` / ``audio_end_ms``: the silent stretch of the microphone stream."""
-
-    type: Literal["core.idle_timeout"] = "core.idle_timeout"
-    item_id: str
-    audio_start_ms: float
-    audio_end_ms: float
-
-
-class OutputAudioCleared(ServerEvent):
-    type: Literal["core.output_audio_cleared"] = "core.output_audio_cleared"

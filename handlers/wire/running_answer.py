@@ -10,8 +10,8 @@ view of it, kept in one place for every codec.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from handlers.core.events import AnswerStarted
 
-from handlers.wire.server_events import ResponseStart
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class AnswerTracker:
         self.running: RunningAnswer | None = None
         self.last_request_id: str | None = None
 
-    def start(self, event: ResponseStart, item_id: str, metadata: dict[str, str] | None = None) -> RunningAnswer:
+    def start(self, event: AnswerStarted, item_id: str, metadata: dict[str, str] | None = None) -> RunningAnswer:
         """The answer ``event`` starts, now the running one; ``item_id`` and ``metadata`` as
         the codec announces them."""
         answer = RunningAnswer(event.request_id, item_id, "audio" in event.modalities, metadata, event.in_conversation)

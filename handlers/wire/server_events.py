@@ -9,7 +9,6 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field
 
-from handlers.wire.errors import Origin
 from handlers.wire.fields import FrameId
 
 
@@ -42,8 +41,6 @@ class FrameAck(ServerEvent):
     similarity: float | None = None
     dropped_frame_id: FrameId | None = None
     dropped_frame_ids: list[FrameId] = Field(default_factory=list)
-    #: For codecs that show a conversation: the item the frame follows (not on the v1 wire).
-    previous_item_id: str | None = Field(None, exclude=True)
 
 
 class ConsumedFrame(BaseModel):
@@ -81,13 +78,6 @@ class ResponseStart(ServerEvent):
     type: Literal["response.start"] = "response.start"
     request_id: str
     trigger: ResponseTrigger | None = None
-    #: The answer's output modalities: for other codecs; v1 announces them in session.ready.
-    modalities: list[str] = Field(default_factory=lambda: ["text"], exclude=True)
-    #: For other codecs: the conversation item the answer becomes, and the client's metadata.
-    item_id: str | None = Field(None, exclude=True)
-    metadata: dict[str, str] | None = Field(None, exclude=True)
-    in_conversation: bool = Field(True, exclude=True)  # false: out of band, it joins no conversation
-    previous_item_id: str | None = Field(None, exclude=True)  # the item the answer's item follows
 
 
 class ResponseTextDelta(ServerEvent):
@@ -209,7 +199,6 @@ class InputAudioSpeechStarted(ServerEvent):
 
     type: Literal["input_audio.speech_started"] = "input_audio.speech_started"
     audio_start_ms: float
-    item_id: str | None = Field(None, exclude=True)  # the core's id for this speech (not on the v1 wire)
 
 
 class InputAudioSpeechStopped(ServerEvent):
@@ -218,8 +207,6 @@ class InputAudioSpeechStopped(ServerEvent):
     type: Literal["input_audio.speech_stopped"] = "input_audio.speech_stopped"
     audio_start_ms: float
     audio_end_ms: float
-    item_id: str | None = Field(None, exclude=True)  # the core's id for this speech (not on the v1 wire)
-    previous_item_id: str | None = Field(None, exclude=True)  # the item the speech's item follows
 
 
 class InputAudioTranscript(ServerEvent):
@@ -251,9 +238,6 @@ class ErrorEvent(ServerEvent):
     frame_id: FrameId | None = None
     closes_session: bool = False
     retry_after_ms: int | None = None  # ``rate_limited``: wait this long before sending control again
-    #: For other codecs: the client event the error answers (its id and wire type).
-    origin: Origin | None = Field(None, exclude=True)
-    wire_code: str | None = Field(None, exclude=True)  # that codec's own code for it, when it has one
 
 
 class Pong(ServerEvent):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
 from handlers.core.answer import Answer, Outcome
+from handlers.core.events import Event
 from handlers.core.session_core import SessionCore
 from handlers.core.effects import (
     Check,
@@ -47,7 +48,7 @@ from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.machine import SessionMachine, Source
 from handlers.core.negotiation import Limits, VoicePaths
 from handlers.media.preparation import ImageLimits, prepare_frame
-from handlers.wire.protocol import ServerEvent, SessionConfig, VideoFrame, parse_client_event
+from handlers.wire.protocol import SessionConfig, VideoFrame, parse_client_event
 from server.engines.base import AudioChunk, Capabilities, EngineEvent, Finished, Prompt, TextDelta, Usage
 from tests.protocol_client import b64, jpeg_frame
 
@@ -145,8 +146,8 @@ class Run:
 
     @property
     def sent(self) -> list[str]:
-        """The types of the events sent, in order."""
-        return [e.event.type for e in self.effects if isinstance(e, Send)]
+        """The events sent, by class name, in order."""
+        return [type(e.event).__name__ for e in self.effects if isinstance(e, Send)]
 
 
 def run_core(steps: Iterable[object], core: SessionMachine | None = None, *, start: float = 100.0,
@@ -211,12 +212,12 @@ class Speech:
 class Ran:
     """What running an answer gave: the events sent, in order, and the prompt it generated from."""
 
-    events: list[ServerEvent]
+    events: list[Event]
     prompt: Prompt
 
     @property
     def types(self) -> list[str]:
-        return [e.type for e in self.events]
+        return [type(e).__name__ for e in self.events]
 
 
 def run_answer(
@@ -261,12 +262,12 @@ def withdrawn(core: SessionCore, answer: Answer) -> None:
 
 
 def said(effects: Iterable[Effect]) -> list[str]:
-    """Effects as short words: ``send response.start``, ``prefill``, ``check``, ``answer``,
+    """Effects as short words: ``send AnswerStarted`` (an event by its class), ``prefill``, ``check``, ``answer``,
     ``stop answer:question`` (a stopped answer and its cause), ``stop prefill``, ``timer``, ..."""
     words = []
     for effect in effects:
         if isinstance(effect, Send):
-            words.append(f"send {effect.event.type}")
+            words.append(f"send {type(effect.event).__name__}")
         elif isinstance(effect, Stop):
             job = effect.job
             what = "prefill" if isinstance(job, WarmStep) else "check" if isinstance(job, CheckStep) else "answer"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from handlers.core.answer import Outcome
+from handlers.core.events import WatchFired
 from handlers.core.session_core import SessionCore, VoicePaths
 from handlers.core.timeline import interrupted_answer
 from handlers.core.watches import Fire, Watch
 from handlers.wire.commands import AnswerRequest, TruncateItem
-from handlers.wire.protocol import SessionConfig, VideoQuery, WatchFired, WatchSpec
+from handlers.wire.protocol import SessionConfig, VideoQuery, WatchSpec
 from server.engines.base import Capabilities, Finished, TextDelta, Usage
 from server.speech.wav import encode_wav
 from tests.core.run_core import Speech, run_answer
@@ -34,8 +35,8 @@ def test_a_completed_answer_sends_its_events_in_order_and_joins_the_timeline() -
     core = _core()
     answer = _ask(core)
     ran = run_answer(core, answer, [TextDelta("A "), TextDelta("cup."), Finished("stop", Usage(12, 4, 2))])
-    assert ran.types == ["response.start", "video.frames.consumed", "response.text.delta", "response.text.delta",
-                         "response.text.done", "response.done"]
+    assert ran.types == ["AnswerStarted", "FramesConsumed", "AnswerTextDelta", "AnswerTextDelta",
+                         "AnswerTextDone", "AnswerEnded"]
     consumed, done = ran.events[1], ran.events[-1]
     assert consumed.frame_ids == ["f0", "f1", "f2"] == [f.frame_id for f in answer.used]
     assert (done.status, done.usage.prompt_tokens, done.interrupted_by, done.error_code) == ("completed", 12, None, None)
@@ -47,7 +48,7 @@ def test_an_answer_stopped_by_speech_says_so_and_the_timeline_marks_it() -> None
     """Interrupted after some text: response.done names speech; the timeline keeps the words, marked as cut."""
     core = _core()
     ran = run_answer(core, _ask(core), [TextDelta("It is")], stop="speech")
-    assert ran.types[-2:] == ["response.text.done", "response.done"]
+    assert ran.types[-2:] == ["AnswerTextDone", "AnswerEnded"]
     assert (ran.events[-1].status, ran.events[-1].interrupted_by) == ("interrupted", "speech")
     assert core.history[-1].answer == interrupted_answer("It is")
 
@@ -82,8 +83,8 @@ def test_a_spoken_answer_truncated_by_the_client_keeps_what_was_heard(when: str)
     if when == "after its end":
         assert core.timeline.turns[-1].answer == "Red cup. Blue pen."
         replies.extend(core.apply(truncate))
-    assert [(r.type, r.item_id, r.audio_end_ms) for r in replies] == [("core.item_truncated", answer.item_id, 600)]
-    assert ran.types.count("response.output_audio.delta") == 2 and "response.output_audio.done" in ran.types
+    assert [(type(r).__name__, r.item_id, r.audio_end_ms) for r in replies] == [("ItemTruncated", answer.item_id, 600)]
+    assert ran.types.count("AnswerAudioDelta") == 2 and "AnswerAudioDone" in ran.types
     assert answer.audio_ms == 2000.0
     assert core.timeline.turns[-1].answer == "Red"
 

@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from handlers.core import events as ev
+from handlers.core.events import AnswerAudioDelta, AnswerEnded, AudioCommitted, Timings
 from handlers.wire.commands import (
     AnswerRequest,
-    AudioCommitted,
     ClearAudio,
     CommitAudio,
     ConfigUpdate,
@@ -20,8 +21,9 @@ from handlers.wire.commands import (
     UserInput,
 )
 from handlers.core.session_core import SessionCore, VoicePaths
+from handlers.wire.codec import V1Codec
 from handlers.wire.errors import ErrorCode, SessionError
-from handlers.wire.protocol import ResponseAudioDelta, ResponseDone, SessionConfig, Timings
+from handlers.wire.protocol import SessionConfig
 from handlers.realtime import RealtimeCodec
 from handlers.realtime.audio import audio_in, g711_decode, g711_encode
 from server.engines.base import Capabilities, TextSegment
@@ -148,7 +150,7 @@ def test_config_update_changes_what_can_change() -> None:
     updated, error = core.apply(ConfigUpdate(changes={"num_frames": 0, "system_prompt": "newer"}, refused=["x: bad"]))
     assert updated.config["system_prompt"] == "newer" and core.config.num_frames == frames
     assert updated.refused[0] == "x: bad" and updated.refused[1].startswith("num_frames")
-    assert error.type == "error" and error.code == "invalid_message" and "num_frames" in error.message
+    assert isinstance(error, ev.ErrorReported) and error.code == "invalid_message" and "num_frames" in error.message
 
 
 def test_g711_round_trip_and_24khz_input() -> None:
@@ -172,10 +174,10 @@ def test_realtime_codec_strips_the_wav_header_and_reports_cancel_reason() -> Non
     plan = core.plan_answer(created)
     codec.encode(plan.start_event())
     pcm = np.arange(480, dtype="<i2").tobytes()
-    [delta] = codec.encode(ResponseAudioDelta(request_id=plan.request_id, data=b64(encode_wav(pcm, 24_000))))
+    [delta] = codec.encode(AnswerAudioDelta(request_id=plan.request_id, data=b64(encode_wav(pcm, 24_000))))
     assert base64.b64decode(json.loads(delta)["delta"]) == pcm
     codec.decode(json.dumps({"type": "response.cancel"}))
-    done = codec.encode(ResponseDone(request_id=plan.request_id, status="interrupted", timings=Timings(total_ms=1)))
+    done = codec.encode(AnswerEnded(request_id=plan.request_id, status="interrupted", timings=Timings(total_ms=1)))
     response = json.loads(done[-1])["response"]
     assert response["status"] == "cancelled" and response["status_details"]["reason"] == "client_cancelled"
 
@@ -198,7 +200,7 @@ def test_turn_detection_policy_holds_spoken_questions() -> None:
     _feed(core, 1, "f1")
     core.speech_item = "item_speech_1"
     started = core.turn_event(SpeechStarted(0))
-    assert started.item_id == "item_speech_1" and "item_id" not in json.loads(started.model_dump_json())
+    assert started.item_id == "item_speech_1" and "item_id" not in json.loads(V1Codec().encode(started)[0])
     held = core.hold_spoken_question(SpokenQuestion(0.0, 500.0, bytes(320), "item_speech_1"))
     assert core.inputs == [held]
     event = core.transcribed_input("item_speech_1", " what is it ")

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from handlers.core.events import ErrorReported
 from handlers.core.frames import content_key
 from handlers.core.session_core import SessionCore, VoicePaths
 from handlers.core.timeline import Message, heard_text
@@ -22,8 +23,9 @@ from handlers.wire.commands import (
     TruncateItem,
     UserInput,
 )
+from handlers.wire.codec import V1Codec
 from handlers.wire.errors import ErrorCode, Origin, SessionError
-from handlers.wire.protocol import ErrorEvent, SessionConfig, VideoFrame
+from handlers.wire.protocol import SessionConfig, VideoFrame
 from server.engines.base import Capabilities, Finished, TextDelta, TextSegment, Usage
 from handlers.core.answer import Outcome
 from server.speech.wav import encode_wav
@@ -226,11 +228,11 @@ def test_realtime_errors_take_openai_codes_by_the_event_that_caused_them() -> No
     codec = RealtimeCodec("m")
     with pytest.raises(SessionError) as exc:
         codec.decode(json.dumps({"type": "conversation.item.truncate", "event_id": "e2", "item_id": "x"}))
-    error = ErrorEvent(code=exc.value.code.value, message=exc.value.message, origin=exc.value.origin,
-                       wire_code=exc.value.wire_code)
+    error = ErrorReported(code=exc.value.code.value, message=exc.value.message, origin=exc.value.origin,
+                          wire_code=exc.value.wire_code)
     sent = json.loads(codec.encode(error)[0])["error"]
     assert sent["code"] == "missing_required_parameter" and sent["event_id"] == "e2"
-    assert "origin" not in error.model_dump_json()  # v1's error is unchanged
+    assert "origin" not in V1Codec().encode(error)[0]  # v1's error is unchanged
 
 
 def test_realtime_response_metadata_is_echoed_and_out_of_band_joins_no_conversation() -> None:
@@ -285,7 +287,7 @@ def test_previous_item_ids_follow_the_core_conversation() -> None:
     ack = core.accept_frame(VideoFrame(type="video.frame", data=b64(data), frame_id="f2"), data, content_key(data),
                             thumbnail(data), 2000.0).ack
     assert ack is not None and ack.previous_item_id == plan.item_id
-    assert "previous_item_id" not in ack.model_dump_json()  # not on the v1 wire
+    assert "previous_item_id" not in V1Codec().encode(ack)[0]  # not on the v1 wire
 
 
 def test_a_commit_under_turn_detection_is_an_empty_commit() -> None:

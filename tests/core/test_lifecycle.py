@@ -10,9 +10,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from handlers.core import events as ev
 from handlers.core.answer import Answer, AnswerPhase, IllegalTransition, Outcome
+from handlers.core.events import Event
 from handlers.core.lifecycle import TRANSITIONS, Trigger, EngineSlot, SlotState
-from handlers.wire.protocol import ServerEvent
 from server.engines.base import AudioChunk, Finished, Sampling, TextDelta, Usage
 
 _ids = itertools.count(1)
@@ -22,8 +23,8 @@ def _answer(received: float = 10.0) -> Answer:
     return Answer(f"resp_{next(_ids)}", "q", [], None, Sampling(), modalities=["text", "audio"], received=received)
 
 
-def _types(events: list[ServerEvent]) -> list[str]:
-    return [e.type for e in events]
+def _types(events: list[Event]) -> list[str]:
+    return [type(e).__name__ for e in events]
 
 
 # --------------------------------------------------------------------------- the table
@@ -112,13 +113,13 @@ def test_question_when_idle_needs_no_stop() -> None:
 def test_completed_answer_events_in_order_with_usage_and_timings() -> None:
     """Start, frames consumed with the first output, text deltas, then text done and response.done with usage and timings."""
     answer = _answer(received=10.0)
-    assert _types(answer.start()) == ["response.start"]
+    assert _types(answer.start()) == ["AnswerStarted"]
     first = answer.output(TextDelta("Hel"), 10.25)
-    assert _types(first) == ["video.frames.consumed", "response.text.delta"]
-    assert _types(answer.output(TextDelta("lo"), 10.3)) == ["response.text.delta"]
+    assert _types(first) == ["FramesConsumed", "AnswerTextDelta"]
+    assert _types(answer.output(TextDelta("lo"), 10.3)) == ["AnswerTextDelta"]
     assert answer.output(Finished("stop", Usage(prompt_tokens=7, cached_tokens=5, completion_tokens=2)), 10.4) == []
     end = answer.end(Outcome.COMPLETED, 11.0)
-    assert _types(end) == ["response.text.done", "response.done"]
+    assert _types(end) == ["AnswerTextDone", "AnswerEnded"]
     assert end[0].text == "Hello"
     done = end[-1]
     assert (done.status, done.finish_reason) == ("completed", "stop")
@@ -132,7 +133,7 @@ def test_interrupted_before_any_output_sends_only_done() -> None:
     answer = _answer()
     answer.start()
     end = answer.end(Outcome.INTERRUPTED, 10.5)
-    assert _types(end) == ["response.done"]
+    assert _types(end) == ["AnswerEnded"]
     assert (end[0].status, end[0].finish_reason, end[0].timings.ttft_ms) == ("interrupted", "abort", None)
     assert answer.kept_text == ""
 
@@ -144,7 +145,7 @@ def test_interrupted_answer_keeps_its_partial_text_and_any_usage() -> None:
     answer.output(TextDelta("half"), 10.1)
     answer.output(Finished("stop", Usage(prompt_tokens=3, completion_tokens=1)), 10.2)
     end = answer.end(Outcome.INTERRUPTED, 10.3)  # speech was still being finished when the cancel came
-    assert _types(end) == ["response.text.done", "response.done"]
+    assert _types(end) == ["AnswerTextDone", "AnswerEnded"]
     assert end[0].text == "half" and end[1].status == "interrupted" and end[1].usage.prompt_tokens == 3
     assert answer.kept_text == "half"
 
@@ -179,12 +180,12 @@ def test_audio_is_timed_and_closed_before_done() -> None:
     """Speech deltas carry base64 WAV; the first sets first_audio_ms; audio done comes before response.done."""
     answer = _answer(received=10.0)
     answer.start()
-    assert _types(answer.output(AudioChunk(b"RIFFxxxx"), 10.1)) == ["video.frames.consumed"]
+    assert _types(answer.output(AudioChunk(b"RIFFxxxx"), 10.1)) == ["FramesConsumed"]
     delta = answer.audio_out(b"RIFFwav", 10.2)
-    assert _types(delta) == ["response.output_audio.delta"] and delta[0].data == "UklGRndhdg=="
+    assert _types(delta) == ["AnswerAudioDelta"] and delta[0].data == "UklGRndhdg=="
     answer.output(Finished("stop", Usage()), 10.3)
     end = answer.end(Outcome.COMPLETED, 10.5)
-    assert _types(end) == ["response.text.done", "response.output_audio.done", "response.done"]
+    assert _types(end) == ["AnswerTextDone", "AnswerAudioDone", "AnswerEnded"]
     assert end[-1].timings.first_audio_ms == 200.0
     with pytest.raises(IllegalTransition):
         answer.audio_out(b"late", 10.6)  # nothing of an answer is sent after its end
@@ -239,7 +240,7 @@ def test_exactly_one_end_when_an_interruption_meets_the_normal_end(race: str) ->
     with pytest.raises(IllegalTransition):
         turns.end()
     types = _types(made)
-    assert types.count("response.start") == 1 and types.count("response.done") == 1 and types[-1] == "response.done"
+    assert types.count("AnswerStarted") == 1 and types.count("AnswerEnded") == 1 and types[-1] == "AnswerEnded"
     assert made[-1].status == outcome.value and made[-1].usage.completion_tokens == 1
     assert turns.state is SlotState.IDLE and not turns.answering
 
@@ -267,7 +268,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         super().__init__()
         self.slot = EngineSlot()
         self.now = 0.0
-        self.sent: list[ServerEvent] = []
+        self.sent: list[Event] = []
         self.asked = 0
 
     def _snapshot(self) -> tuple[object, ...]:
@@ -351,12 +352,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     def events_are_well_formed(self) -> None:
         open_id: str | None = None
         for event in self.sent:
-            if event.type == "response.start":
+            if isinstance(event, ev.AnswerStarted):
                 assert open_id is None, "a second start before the first one's end"
                 open_id = event.request_id
             else:
-                assert event.request_id == open_id, f"{event.type} outside its answer"
-                if event.type == "response.done":
+                assert event.request_id == open_id, f"{type(event).__name__} outside its answer"
+                if isinstance(event, ev.AnswerEnded):
                     open_id = None
 
     @precondition(lambda self: self.slot.answer is not None)
@@ -372,8 +373,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.slot.end()
 
     def teardown(self) -> None:
-        starts = sum(e.type == "response.start" for e in self.sent)
-        dones = sum(e.type == "response.done" for e in self.sent)
+        starts = sum(isinstance(e, ev.AnswerStarted) for e in self.sent)
+        dones = sum(isinstance(e, ev.AnswerEnded) for e in self.sent)
         open_answer = self.slot.answer is not None and self.slot.answer.phase is AnswerPhase.STARTED
         assert dones == starts - open_answer
 

@@ -8,6 +8,7 @@ import wave
 import numpy as np
 import pytest
 
+from handlers.core import events as ev
 from handlers.core.effects import (
     Check,
     FrameShed,
@@ -51,7 +52,7 @@ def answering() -> list[object]:
         (AnswerRequest(exclusive=True), []),
         (ClearOutputAudio(), ["stop answer:cancel"]),
         (CancelRequest(), ["stop answer:cancel"]),
-        (client(type="ping"), ["send pong"]),
+        (client(type="ping"), ["send Pong"]),
         (client(type="video.done"), []),
     ],
 )
@@ -65,8 +66,8 @@ def test_what_a_message_read_during_an_answer_stops(event: object, expected: lis
 def test_speech_that_starts_stops_the_answer_unless_interrupt_response_is_off() -> None:
     """Barge-in: speech starting stops the running answer (cause speech), unless turn detection
     says answers are not interrupted."""
-    for interrupt, expected in ((True, ["send input_audio.speech_started", "stop answer:speech"]),
-                                (False, ["send input_audio.speech_started"])):
+    for interrupt, expected in ((True, ["send SpeechBegan", "stop answer:speech"]),
+                                (False, ["send SpeechBegan"])):
         core = machine(voice=HEARS, turn_detection={"interrupt_response": interrupt, "silence_ms": 500})
         run = run_core([*answering(), _audio(0.1)], core)
         effects = core.completed(SpeechDetected([0.9]), _now())
@@ -86,7 +87,7 @@ def test_a_cancel_is_refused_only_when_nothing_runs_or_is_asked(steps: list[obje
     """Realtime's response.cancel with nothing to cancel gets response_cancel_not_active."""
     run = run_core(steps)
     effects = run.core.receive(Read(CancelRequest()), _now())
-    errors = [e.event.code for e in effects if isinstance(e, Send) and e.event.type == "error"]
+    errors = [e.event.code for e in effects if isinstance(e, Send) and isinstance(e.event, ev.ErrorReported)]
     assert errors == (["response_cancel_not_active"] if refused else [])
 
 
@@ -102,7 +103,7 @@ def test_an_exclusive_request_while_an_answer_runs_is_refused_but_waits_while_it
     assert said(stopping.effects)[-2:] == ["stop answer:cancel", "stop answer:cancel"]
     assert not stopping.core.takes_lane_input  # it waits for the end
     ended = run_core([End()], stopping.core)
-    assert said(ended.effects) == ["send response.done", "send response.start", "answer"]
+    assert said(ended.effects) == ["send AnswerEnded", "send AnswerStarted", "answer"]
 
 
 # ------------------------------------------------------------------ waiting for the end
@@ -113,11 +114,11 @@ def test_a_question_during_an_answer_waits_for_its_end_with_what_comes_after_it(
     assert said(run.effects[-1:]) == ["stop answer:question"]
     assert not run.core.takes_lane_input
     more = run_core([frame(2, "f2")], run.core)
-    assert "send video.frame.ack" in said(more.effects)
+    assert "send FrameAcked" in said(more.effects)
     ended = run_core([End()], run.core)
-    assert said(ended.effects) == ["send response.done", "send response.start", "answer"]
+    assert said(ended.effects) == ["send AnswerEnded", "send AnswerStarted", "answer"]
     last = run_core([Reply("two")], run.core)
-    assert said(last.effects)[-3:] == ["send response.done", "send session.done", "end session"]
+    assert said(last.effects)[-3:] == ["send AnswerEnded", "send SessionDone", "end session"]
 
 
 def test_video_done_lets_the_running_answer_finish() -> None:
@@ -125,7 +126,7 @@ def test_video_done_lets_the_running_answer_finish() -> None:
     run = run_core([*answering(), Read(client(type="video.done")), Handle(client(type="video.done"))])
     assert not any(w.startswith("stop") for w in said(run.effects))
     done = run_core([Reply()], run.core)
-    assert said(done.effects)[-2:] == ["send session.done", "end session"]
+    assert said(done.effects)[-2:] == ["send SessionDone", "end session"]
 
 
 # ------------------------------------------------------------------ the engine's jobs
@@ -144,7 +145,7 @@ def test_a_question_during_a_prefill_stops_it_and_starts_when_it_has_ended() -> 
     run = run_core([frame(1, "f1"), *ask()])
     assert said(run.effects)[-1] == "stop prefill"
     started = run_core([Warm()], run.core)
-    assert said(started.effects) == ["send response.start", "answer"]
+    assert said(started.effects) == ["send AnswerStarted", "answer"]
 
 
 def test_an_item_edit_warms_the_prefix_again() -> None:
@@ -160,9 +161,9 @@ def test_an_item_edit_warms_the_prefix_again() -> None:
     ("steps", "expected"),
     [
         # idle and red: the fire is sent, then its answer starts
-        ([], ["send watch.fired", "send response.start", "answer"]),
+        ([], ["send WatchFired", "send AnswerStarted", "answer"]),
         # a question came during the round: the round was preempted, nothing is decided, the question starts
-        ([*ask()], ["send response.start", "answer"]),
+        ([*ask()], ["send AnswerStarted", "answer"]),
     ],
 )
 def test_a_fire_starts_an_answer_only_when_nothing_else_is_asked(steps: list[object], expected: list[str]) -> None:
@@ -182,7 +183,7 @@ def test_only_the_first_of_two_fires_is_answered() -> None:
     core = machine(watches=[RED, blue])
     run = run_core([frame(1, "f1"), Warm(), Checks({"red": 0.99, "blue": 0.99})], core)
     words = said(run.effects)
-    assert words.count("answer") == 1 and words.count("send watch.fired") >= 1
+    assert words.count("answer") == 1 and words.count("send WatchFired") >= 1
 
 
 def test_no_checks_without_a_warm_prefix() -> None:
@@ -204,7 +205,7 @@ def test_silence_after_an_answer_starts_one_answer_once() -> None:
     early = run_core([At(timer.at - 0.5), Tick()], core)
     assert early.effects == [Timer(timer.at)]  # the same time again, nothing started
     due = run_core([At(timer.at + 0.01), Tick()], core)
-    assert said(due.effects) == ["send core.idle_timeout", "send response.start", "answer"]
+    assert said(due.effects) == ["send IdleTimeout", "send AnswerStarted", "answer"]
     after = run_core([Reply(), At(timer.at + 60), Tick()], core)
     assert "answer" not in said(after.effects) and not any(isinstance(e, Timer) and e.at for e in after.effects)
 
@@ -251,7 +252,7 @@ def test_the_engines_own_voice_is_trimmed_once_at_the_start() -> None:
     core = machine(voice=voice, source=Source(native_trim_ms=20), modalities=["text", "audio"])
     wav = _wav(0.1)
     run = run_core([frame(1, "f1"), Warm(), *ask(), Reply("hi", audio=(wav, wav))], core)
-    deltas = [e.event for e in run.effects if isinstance(e, Send) and e.event.type == "response.output_audio.delta"]
+    deltas = [e.event for e in run.effects if isinstance(e, Send) and isinstance(e.event, ev.AnswerAudioDelta)]
     sizes = [len(d.data) for d in deltas]
     assert len(sizes) == 2 and sizes[0] < sizes[1]
 
@@ -262,13 +263,13 @@ def test_a_frame_shed_is_acked_overloaded() -> None:
     event = VideoFrame(type="video.frame", data=b64(b"x"), frame_id="f9")
     effects = core.receive(FrameShed(event), _now())
     acks = [e.event for e in effects if isinstance(e, Send)]
-    assert acks[0].type == "video.frame.ack" and acks[0].reason == "overloaded"
+    assert isinstance(acks[0], ev.FrameAcked) and acks[0].reason == "overloaded"
 
 
 def test_after_an_answer_the_next_frame_warms_from_it() -> None:
     """An ended answer is in the engine's cache already: no prefill until a frame comes."""
     run = run_core([frame(1, "f1"), Warm(), *ask(), Reply()])
-    assert said(run.effects)[-1] == "send response.done" and run.core.answering is False
+    assert said(run.effects)[-1] == "send AnswerEnded" and run.core.answering is False
     assert said(run_core([frame(2, "f2")], run.core).effects)[-1] == "prefill"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from handlers.core import events as ev
 from handlers.media.frame_image import FrameImage
 from handlers.core.effects import Handle, Now, Prepare, Send
 from handlers.core.machine import SessionMachine
@@ -295,7 +296,7 @@ def test_frames_consumed_lists_no_null_ids() -> None:
     _decoded(core, 4, 7)
     plan = core.plan_query(VideoQuery(type="video.query", text="?"))
     events = answered(core, plan, "ok").events
-    consumed = next(e for e in events if e.type == "video.frames.consumed").model_dump()
+    consumed = next(e for e in events if isinstance(e, ev.FramesConsumed)).model_dump()
     assert consumed["frame_ids"] == ["b", 7]
     assert [(f["frame_id"], f["seq"]) for f in consumed["frames"]] == [(None, 0), ("b", 1), (None, 2), (7, 3)]
     unnamed = _core()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from handlers.core.events import WatchCleared, WatchFired
 from handlers.core.frames import Frame
 from handlers.core.watches import WatchBook, check_question, fire_question
 from handlers.wire.errors import SessionError
-from handlers.wire.protocol import WatchCleared, WatchFired, WatchSpec
+from handlers.wire.protocol import WatchSpec
 
 
 def frame(seq: int) -> Frame:
@@ -83,7 +84,7 @@ def test_report_checks_sends_every_check() -> None:
     """report_checks: one watch.check per check, with its probability and time."""
     book = alert(report_checks=True)
     decided = book.record([("w1", 0.2, 12.345)], frame(1), now_s=0.0)
-    assert [e.type for e in decided.events] == ["watch.check"]
+    assert [type(e).__name__ for e in decided.events] == ["WatchChecked"]
     assert decided.events[0].ms == 12.35
 
 

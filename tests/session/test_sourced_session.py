@@ -7,9 +7,11 @@ import json
 import anyio
 import pytest
 
+from handlers.core import events as ev
+from handlers.core.events import Event
 from handlers.core.negotiation import Limits
 from handlers.session.sourced import SourcedSession
-from handlers.wire.protocol import ServerEvent, SessionConfig, parse_client_event
+from handlers.wire.protocol import SessionConfig, parse_client_event
 from tests.protocol_client import b64, jpeg_frame
 from tests.scripted import ScriptedEngine, image_keys
 
@@ -23,11 +25,11 @@ def event(**message: object) -> object:
     return parse_client_event(json.dumps(message))
 
 
-async def run(engine: ScriptedEngine, messages: list[object], **config: object) -> list[ServerEvent]:
+async def run(engine: ScriptedEngine, messages: list[object], **config: object) -> list[Event]:
     """Run a sourced session over ``messages``; returns every event it delivered."""
-    delivered: list[ServerEvent] = []
+    delivered: list[Event] = []
 
-    async def deliver(e: ServerEvent) -> None:
+    async def deliver(e: Event) -> None:
         delivered.append(e)
 
     async def source():
@@ -47,15 +49,15 @@ async def test_frames_and_a_question_from_a_source_get_an_answer() -> None:
     engine = ScriptedEngine(words=["a red ", "cup"])
     frames = [event(type="video.frame", data=b64(jpeg_frame(seed)), frame_id=f"f{seed}") for seed in range(3)]
     out = await run(engine, [*frames, event(type="video.query", text="what is here?"), event(type="video.done")])
-    types = [e.type for e in out]
-    assert types[0] == "session.ready" and types[-1] == "session.done"
-    assert types.count("video.frame.ack") == 3
-    answer = types[types.index("response.start"):types.index("response.done") + 1]
-    assert answer == ["response.start", "video.frames.consumed", "response.text.delta", "response.text.delta",
-                      "response.text.done", "response.done"]
-    done = next(e for e in out if e.type == "response.done")
+    types = [type(e).__name__ for e in out]
+    assert types[0] == "SessionReady" and types[-1] == "SessionDone"
+    assert types.count("FrameAcked") == 3
+    answer = types[types.index("AnswerStarted"):types.index("AnswerEnded") + 1]
+    assert answer == ["AnswerStarted", "FramesConsumed", "AnswerTextDelta", "AnswerTextDelta",
+                      "AnswerTextDone", "AnswerEnded"]
+    done = next(e for e in out if isinstance(e, ev.AnswerEnded))
     assert done.status == "completed"
-    assert "".join(e.delta for e in out if e.type == "response.text.delta") == "a red cup"
+    assert "".join(e.delta for e in out if isinstance(e, ev.AnswerTextDelta)) == "a red cup"
     assert len(image_keys(engine.requests[0])) == 3 and engine.prefills  # over every frame, warmed first
 
 
@@ -64,7 +66,7 @@ async def test_a_source_that_runs_dry_ends_the_session_after_its_answer() -> Non
     engine = ScriptedEngine(words=["ok"], step_s=0.01)
     out = await run(engine, [event(type="video.frame", data=b64(jpeg_frame(1)), frame_id=1),
                              event(type="video.query", text="and now?")])
-    assert [e.type for e in out][-1] == "response.done" and out[-1].status == "completed"
+    assert [type(e).__name__ for e in out][-1] == "AnswerEnded" and out[-1].status == "completed"
     assert not engine.running
 
 
@@ -73,5 +75,5 @@ async def test_a_watch_fires_in_a_session_without_a_socket() -> None:
     engine = ScriptedEngine(words=["red"], yes=lambda key, question: 0.99)
     out = await run(engine, [event(type="video.frame", data=b64(jpeg_frame(1)), frame_id=1)],
                     watches=[{"watch_id": "red", "condition": "Is the screen red?", "mode": "alert"}])
-    types = [e.type for e in out]
-    assert "watch.fired" in types and types.index("watch.fired") < types.index("response.start")
+    types = [type(e).__name__ for e in out]
+    assert "WatchFired" in types and types.index("WatchFired") < types.index("AnswerStarted")

@@ -10,6 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from handlers.core.events import (
+    AnswerEnded,
+    AnswerStarted,
+    AnswerTextDelta,
+    ErrorReported,
+    SessionClosing,
+    SessionReady,
+    Timings,
+    Usage,
+)
 from handlers.live.codec import LiveCodec, standard_base64
 from handlers.live.messages import parse_client_message
 from handlers.realtime import RealtimeCodec
@@ -17,21 +27,7 @@ from handlers.wire.codec import CloseConnection, V1Codec
 from handlers.wire.commands import AnswerRequest, ClearAudio, UserInput
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.strict_json import MAX_DEPTH
-from handlers.wire.protocol import (
-    AudioChunkIn,
-    ErrorEvent,
-    ResponseCancel,
-    ResponseDone,
-    ResponseStart,
-    ResponseTextDelta,
-    SessionClosing,
-    SessionConfig,
-    SessionReady,
-    Timings,
-    UsageInfo,
-    VideoFrame,
-    VideoQuery,
-)
+from handlers.wire.protocol import AudioChunkIn, ResponseCancel, SessionConfig, VideoFrame, VideoQuery
 
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3  # base64 of it has '+' and '/' (and '-', '_' URL-safe)
 
@@ -176,9 +172,9 @@ def test_not_json_is_invalid_json() -> None:
         assert refused.value.code is ErrorCode.INVALID_JSON
 
 
-def _done(status: str, **fields: object) -> ResponseDone:
-    usage = UsageInfo(prompt_tokens=120, cached_tokens=100, completion_tokens=5, image_tokens=100, text_tokens=20)
-    return ResponseDone(request_id="r", status=status, usage=usage, timings=Timings(total_ms=1.0), **fields)
+def _done(status: str, **fields: object) -> AnswerEnded:
+    usage = Usage(prompt_tokens=120, cached_tokens=100, completion_tokens=5, image_tokens=100, text_tokens=20)
+    return AnswerEnded(request_id="r", status=status, usage=usage, timings=Timings(total_ms=1.0), **fields)
 
 
 def test_server_events_become_live_messages() -> None:
@@ -190,8 +186,8 @@ def test_server_events_become_live_messages() -> None:
     first, update = ready(codec)
     assert first == {"setupComplete": {"sessionId": "s" * 32}}
     assert update == {"sessionResumptionUpdate": {"newHandle": "tok", "resumable": True}}
-    assert codec.encode(ResponseStart(request_id="r", modalities=["text"])) == []
-    [delta] = [json.loads(m) for m in codec.encode(ResponseTextDelta(request_id="r", delta="hi"))]
+    assert codec.encode(AnswerStarted(request_id="r", modalities=["text"])) == []
+    [delta] = [json.loads(m) for m in codec.encode(AnswerTextDelta(request_id="r", delta="hi"))]
     assert delta == {"serverContent": {"modelTurn": {"role": "model", "parts": [{"text": "hi"}]}}}
     generation, turn = [json.loads(m) for m in codec.encode(_done("completed"))]
     assert generation == {"serverContent": {"generationComplete": True}}
@@ -206,11 +202,11 @@ def test_server_events_become_live_messages() -> None:
     assert codec.encode(_done("interrupted", interrupted_by="session_end")) == []
     [away] = [json.loads(m) for m in codec.encode(SessionClosing(deadline_ms=12_500))]
     assert away == {"goAway": {"timeLeft": "12.5s"}}
-    [empty] = [json.loads(m) for m in codec.encode(ErrorEvent(code="no_frames", message="no frame"))]
+    [empty] = [json.loads(m) for m in codec.encode(ErrorReported(code="no_frames", message="no frame"))]
     assert empty["serverContent"] == {"turnComplete": True} and empty["usageMetadata"]["totalTokenCount"] == 0
-    assert codec.encode(ErrorEvent(code="invalid_image", message="bad")) == []  # skipped
+    assert codec.encode(ErrorReported(code="invalid_image", message="bad")) == []  # skipped
     with pytest.raises(CloseConnection) as closed:
-        codec.encode(ErrorEvent(code="invalid_message", message="x" * 500))
+        codec.encode(ErrorReported(code="invalid_message", message="x" * 500))
     assert closed.value.code == 1007 and len(closed.value.reason.encode()) <= 123
 
 
@@ -247,7 +243,7 @@ def test_the_doc_names_every_field_both_ways() -> None:
 def test_closing_errors_say_why_in_the_close(code: str, message: str, close_code: int, reason: str) -> None:
     """An error the protocol can only answer by closing: its close code, and a reason in Live's words."""
     with pytest.raises(CloseConnection) as closed:
-        LiveCodec().encode(ErrorEvent(code=code, message=message, closes_session=True))
+        LiveCodec().encode(ErrorReported(code=code, message=message, closes_session=True))
     assert closed.value.code == close_code and reason in closed.value.reason
     assert "session.config" not in closed.value.reason and "new session" not in closed.value.reason
 
@@ -316,12 +312,12 @@ def test_every_codec_refuses_the_same_json_with_v1s_code(value: str, code: Error
     assert {name: err.code for name, err in refused.items()} == dict.fromkeys(refused, code)
     assert len({err.message for err in refused.values()}) == 1
     realtime, live_codec = RealtimeCodec("m"), LiveCodec()
-    error = ErrorEvent(code=code, message=refused["realtime"].message, origin=refused["realtime"].origin)
+    error = ErrorReported(code=code, message=refused["realtime"].message, origin=refused["realtime"].origin)
     [out] = [json.loads(m) for m in realtime.encode(error)]
     assert out["error"]["code"] == ("invalid_json" if code is ErrorCode.INVALID_JSON else "invalid_value")
     assert out["error"]["type"] == "invalid_request_error" and "event_id" not in out["error"]
     with pytest.raises(CloseConnection) as closed:
-        live_codec.encode(ErrorEvent(code=code, message=refused["live"].message))
+        live_codec.encode(ErrorReported(code=code, message=refused["live"].message))
     assert closed.value.code == 1007
 
 

@@ -6,7 +6,9 @@
 - server/speech and server/engines never import handlers;
 - server/blocking.py imports nothing of livesight's;
 - no module imports itself back through others (imports inside functions and under
-  ``TYPE_CHECKING`` count).
+  ``TYPE_CHECKING`` count);
+- the core speaks its own events: it imports no codec (v1's server events and codec, the
+  Realtime and Live codecs), and a codec takes from the core only its events.
 """
 
 from __future__ import annotations
@@ -178,6 +180,23 @@ def import_graph() -> dict[str, list[str]]:
     }
 
 
+#: The codecs: every module of handlers/realtime and handlers/live, and v1's server side.
+CODECS = ("handlers.realtime", "handlers.live", "handlers.wire.codec", "handlers.wire.server_events",
+          "handlers.wire.running_answer", "handlers.wire.audio")
+
+
+def test_the_core_imports_no_codec() -> None:
+    """handlers/core builds its own events: no v1 server event, codec or other protocol's module."""
+    assert _breaches(("handlers.core",), lambda module: not _within(module, CODECS)) == []
+
+
+def test_codecs_take_only_the_cores_events() -> None:
+    """A codec maps the core's events (handlers/core/events.py) and imports nothing else of the core."""
+    layers = (*CODECS, "handlers.wire")
+    assert _breaches(layers, lambda module: not _within(module, "handlers.core")
+                     or module == "handlers.core.events") == []
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     """The check below can fail: a loop of three, a module importing itself, and a clean chain."""
     graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": ["d"], "e": ["a"]}
@@ -191,10 +210,11 @@ def test_no_import_cycles() -> None:
 
 
 # ---------------------------------------------------------------------------- the core's surface
-#: What of handlers/core the session layer may import: the machine and its vocabulary, the
-#: values it hands out (answers, jobs), config negotiation and the control budget's buckets.
-CORE_FOR_SESSION = ("handlers.core.machine", "handlers.core.effects", "handlers.core.answer", "handlers.core.jobs",
-                    "handlers.core.negotiation", "handlers.core.rate_limit")
+#: What of handlers/core the session layer may import: the machine and its vocabulary (its
+#: effects and the events it says), the values it hands out (answers, jobs), config
+#: negotiation and the control budget's buckets.
+CORE_FOR_SESSION = ("handlers.core.machine", "handlers.core.effects", "handlers.core.events", "handlers.core.answer",
+                    "handlers.core.jobs", "handlers.core.negotiation", "handlers.core.rate_limit")
 #: Read-only values on the surface whose fields may be read (``core.limits.max_queue``).
 VALUE_FIELDS = ("limits", "config")
 
