@@ -39,11 +39,12 @@ Where each part lives (every name is importable from here too):
     fields.py         bounds every protocol shares (frame ids, text lengths, sampling)
 
 Incoming messages are parsed once, by ``parse_client_event``; outgoing events are built as
-models and serialised by ``encode``. Parsing is strict: JSON as the standard has it, no
-string holding a lone surrogate (it is not Unicode and could not be sent back), fields of
-exactly their type (``"4"``, ``true`` and ``4.0`` are not integers; an integer is a valid
-float), finite numbers, and sampling values every engine accepts. A client parses the
-server's events back, typed, with ``parse_server_event``.
+models, each from one of the core's events (``handlers/core/events.py``, through the v1
+codec's table in ``codec.py``), and serialised by ``encode``. Parsing is strict: JSON as the
+standard has it, no string holding a lone surrogate (it is not Unicode and could not be sent
+back), fields of exactly their type (``"4"``, ``true`` and ``4.0`` are not integers; an
+integer is a valid float), finite numbers, and sampling values every engine accepts. A
+client parses the server's events back, typed, with ``parse_server_event``.
 """
 
 from __future__ import annotations
