@@ -23,7 +23,6 @@ input that plans an answer while another is asked or running stops that one (cau
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from dataclasses import dataclass
 
 from handlers.core.answer import Answer
 from handlers.core.effects import (
-    Check,
     Checked,
     Closed,
     Effect,
@@ -48,7 +46,6 @@ from handlers.core.effects import (
     Refused,
     Source,
     error_event,
-    Prefill,
     Prepare,
     Prepared,
     Read,
@@ -63,7 +60,6 @@ from handlers.core.effects import (
     StopListening,
     Tally,
     Tick,
-    Timer,
     Transcribed,
     Warmed,
 )
@@ -73,6 +69,7 @@ from handlers.core.lifecycle import SlotState
 from handlers.core.native_audio import NativeAudioTrim
 from handlers.core.negotiation import Limits, VoicePaths
 from handlers.core.session_core import Phase, SessionCore
+from handlers.core.engine_jobs import EngineJobs
 from handlers.core.speech_decisions import SpeechDecisions
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
 from handlers.wire.errors import ErrorCode, Origin, SessionError
@@ -91,7 +88,6 @@ from handlers.wire.protocol import (
 )
 from server.engines.base import AudioChunk, Capabilities, TextDelta
 
-log = logging.getLogger("livesight.session")
 
 WATCH_EVENTS = (WatchCreate, WatchUpdate, WatchDelete)
 #: Client events answered when read (``Read``), never queued in a lane.
@@ -108,7 +104,7 @@ class _Asked:
     take_listening: bool
 
 
-class SessionMachine(SpeechDecisions):
+class SessionMachine(SpeechDecisions, EngineJobs):
     """One session's decisions (see the module docstring)."""
 
     #: What an executor calls.
@@ -426,85 +422,6 @@ class SessionMachine(SpeechDecisions):
             effects += self._guarded(event, lambda go=go: go(now))
         return effects + self._next_work(now)
 
-    # ------------------------------------------------------------------ the engine's next job
-    def _next_work(self, now: Now) -> list[Effect]:
-        """A prefill when the prefix is behind, else a round of checks when one is due, else a
-        timer for the next round or the idle timeout; nothing while an answer is asked or runs."""
-        state, slot = self.state, self.state.slot
-        if self._ending or state.phase is not Phase.READY or state.running is not None or self._waiting:
-            return []
-        idle_at = state.idle_at
-        if idle_at is not None and idle_at <= now.s:
-            return self._idle(now)  # a running prefill or round of checks is stopped for it
-        if slot.state is not SlotState.IDLE:
-            return self._set_timer(idle_at)
-        if self.warm_prefix and slot.behind:
-            step = state.next_warm()
-            if step is None:
-                slot.nothing_to_warm()
-            else:
-                slot.warm()
-                self._job = step
-                return [Prefill(step)]
-        wait = state.check_due(now.s) if self._checks else None
-        if wait == 0:
-            step = state.next_check(now.s)
-            if step is not None:
-                slot.warm()
-                self._job = step
-                return [Check(step)]
-            wait = None
-        return self._set_timer(min((t for t in (idle_at, None if wait is None else now.s + wait) if t is not None),
-                                   default=None))
-
-    def _set_timer(self, at: float | None) -> list[Effect]:
-        if at == self._timer:
-            return []
-        self._timer = at
-        return [Timer(at)]
-
-    def _idle(self, now: Now) -> list[Effect]:
-        """Silence for ``idle_timeout_ms`` after an answer's audio: an answer over the conversation so far."""
-        self._timer = None
-        try:
-            answer, timed_out = self.state.plan_idle()
-        except SessionError as exc:
-            log.info("idle timeout with nothing to answer over: %s", exc.message)
-            return self._next_work(now)
-        return self._ask(answer, now.s, now, before=[Send(timed_out)])
-
-    def _warmed(self, result: Warmed, now: Now) -> list[Effect]:
-        self.state.warmed(result.step)
-        return self._job_ended(now)
-
-    def _job_ended(self, now: Now) -> list[Effect]:
-        """The prefill or round of checks ended: the answer it held back starts, else the next job."""
-        self._job = None
-        self.state.slot.warmed()
-        if self.state.slot.may_generate:
-            return self._start(now)
-        return self._next_work(now)
-
-    def _checked(self, result: Checked, now: Now) -> list[Effect]:
-        """A round of checks ended: unless a question stopped it, its decisions are sent, and the
-        first fire is answered when nothing else is asked (the others fire at their next check)."""
-        preempted = self.state.slot.state is not SlotState.WARMING
-        decisions = self.state.checked(result.step, None if preempted else result.results, now.s, now.wall_ms)
-        effects: list[Effect] = [Tally("checks", decisions.checks), Tally("skipped", decisions.skipped)]
-        self._job = None
-        self.state.slot.warmed()
-        if self.state.slot.may_generate:  # a question came first: the watch is checked again after it
-            return effects + [Send(e) for e in decisions.events] + self._start(now)
-        if decisions.fires and self.state.running is None:
-            fire = decisions.fires[0]
-            try:
-                answer = self.state.plan_watch(fire)
-            except SessionError as exc:  # no usable frame left for its answer
-                log.info("watch %s fired but cannot be answered: %s", fire.watch.watch_id, exc.message)
-            else:
-                return effects + self._ask(answer, now.s, now, before=[Send(e) for e in decisions.events])
-        return effects + [Send(e) for e in decisions.events] + self._next_work(now)
-
     # ------------------------------------------------------------------ frames
     def _prepared(self, result: Prepared, now: Now) -> list[Effect]:
         intake = self.state.take_frame(result.event, result.frame, result.receive_ms, now.wall_ms)
@@ -516,8 +433,8 @@ class SessionMachine(SpeechDecisions):
 
     _results: dict[type, Callable[[SessionMachine, object, Now], list[Effect]]] = {
         Prepared: _prepared,
-        Warmed: _warmed,
-        Checked: _checked,
+        Warmed: EngineJobs._warmed,
+        Checked: EngineJobs._checked,
         Transcribed: _transcribed,
         Generated: _generated,
         Spoken: _spoken,

@@ -1,0 +1,98 @@
+"""The core's decisions about the engine's next job (``SessionMachine`` inherits them): a
+prefill when the prefix is behind and nothing runs, else a round of watch checks when one is
+due, else a timer for the next round or the idle timeout; what a prefill's or a round's end
+starts (the answer it held back, a fire's answer, the next job). Pure."""
+
+from __future__ import annotations
+
+import logging
+
+from handlers.core.effects import Check, Checked, Effect, Now, Prefill, Send, Tally, Timer, Warmed
+from handlers.core.lifecycle import SlotState
+from handlers.core.session_core import Phase
+from handlers.wire.errors import SessionError
+
+log = logging.getLogger("livesight.session")
+
+
+class EngineJobs:
+    """The machine's engine half (its state: ``state``, ``_job``, ``_timer``, ``_ending``,
+    ``_waiting``; the rest of its decisions: ``_ask``, ``_start``, ``_checks``)."""
+
+    def _next_work(self, now: Now) -> list[Effect]:
+        """A prefill when the prefix is behind, else a round of checks when one is due, else a
+        timer for the next round or the idle timeout; nothing while an answer is asked or runs."""
+        state, slot = self.state, self.state.slot
+        if self._ending or state.phase is not Phase.READY or state.running is not None or self._waiting:
+            return []
+        idle_at = state.idle_at
+        if idle_at is not None and idle_at <= now.s:
+            return self._idle(now)  # a running prefill or round of checks is stopped for it
+        if slot.state is not SlotState.IDLE:
+            return self._set_timer(idle_at)
+        if self.warm_prefix and slot.behind:
+            step = state.next_warm()
+            if step is None:
+                slot.nothing_to_warm()
+            else:
+                slot.warm()
+                self._job = step
+                return [Prefill(step)]
+        wait = state.check_due(now.s) if self._checks else None
+        if wait == 0:
+            step = state.next_check(now.s)
+            if step is not None:
+                slot.warm()
+                self._job = step
+                return [Check(step)]
+            wait = None
+        return self._set_timer(min((t for t in (idle_at, None if wait is None else now.s + wait) if t is not None),
+                                   default=None))
+
+    def _set_timer(self, at: float | None) -> list[Effect]:
+        if at == self._timer:
+            return []
+        self._timer = at
+        return [Timer(at)]
+
+    def _idle(self, now: Now) -> list[Effect]:
+        """Silence for ``idle_timeout_ms`` after an answer's audio: an answer over the conversation so far."""
+        self._timer = None
+        try:
+            answer, timed_out = self.state.plan_idle()
+        except SessionError as exc:
+            log.info("idle timeout with nothing to answer over: %s", exc.message)
+            return self._next_work(now)
+        return self._ask(answer, now.s, now, before=[Send(timed_out)])
+
+    def _warmed(self, result: Warmed, now: Now) -> list[Effect]:
+        self.state.warmed(result.step)
+        return self._job_ended(now)
+
+    def _job_ended(self, now: Now) -> list[Effect]:
+        """The prefill or round of checks ended: the answer it held back starts, else the next job."""
+        self._job = None
+        self.state.slot.warmed()
+        if self.state.slot.may_generate:
+            return self._start(now)
+        return self._next_work(now)
+
+    def _checked(self, result: Checked, now: Now) -> list[Effect]:
+        """A round of checks ended: unless a question stopped it, its decisions are sent, and the
+        first fire is answered when nothing else is asked (the others fire at their next check)."""
+        preempted = self.state.slot.state is not SlotState.WARMING
+        decisions = self.state.checked(result.step, None if preempted else result.results, now.s, now.wall_ms)
+        effects: list[Effect] = [Tally("checks", decisions.checks), Tally("skipped", decisions.skipped)]
+        self._job = None
+        self.state.slot.warmed()
+        if self.state.slot.may_generate:  # a question came first: the watch is checked again after it
+            return effects + [Send(e) for e in decisions.events] + self._start(now)
+        if decisions.fires and self.state.running is None:
+            fire = decisions.fires[0]
+            try:
+                answer = self.state.plan_watch(fire)
+            except SessionError as exc:  # no usable frame left for its answer
+                log.info("watch %s fired but cannot be answered: %s", fire.watch.watch_id, exc.message)
+            else:
+                return effects + self._ask(answer, now.s, now, before=[Send(e) for e in decisions.events])
+        return effects + [Send(e) for e in decisions.events] + self._next_work(now)
