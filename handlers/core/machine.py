@@ -117,9 +117,9 @@ class SessionMachine(SpeechDecisions, EngineJobs):
 
     def __init__(
         self, session_id: str, limits: Limits, capabilities: Capabilities, voice: VoicePaths | None = None,
-        source: Source | None = None,
+        source: Source | None = None, *, state: SessionCore | None = None,
     ) -> None:
-        self.state = SessionCore(session_id, limits, capabilities, voice)
+        self.state = state or SessionCore(session_id, limits, capabilities, voice)
         self.source = source or Source()
         self.answers_asked = 0  # answer requests read, not yet handled in their lane
         # lane inputs behind the running answer's end: (the client event, what to do then)
@@ -135,10 +135,7 @@ class SessionMachine(SpeechDecisions, EngineJobs):
     @classmethod
     def over(cls, state: SessionCore, source: Source | None = None) -> SessionMachine:
         """A machine deciding over an existing ``state`` (a configured ``SessionCore``)."""
-        machine = cls.__new__(cls)
-        machine.__init__(state.session_id, state.limits, state.capabilities, state.voice, source)  # type: ignore[misc]
-        machine.state = state
-        return machine
+        return cls(state.session_id, state.limits, state.capabilities, state.voice, source, state=state)
 
     def ask(self, answer: Answer, now: Now, received: float | None = None) -> list[Effect]:
         """Ask for an answer planned outside the client's events (``SessionCore.plan_*``: a

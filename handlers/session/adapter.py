@@ -67,9 +67,6 @@ MEDIA = (VideoFrame, AudioChunkIn)
 ANSWER_MOVES = (VideoQuery, AnswerRequest, ResponseCancel, CancelRequest, ClearOutputAudio)
 
 
-def now_ms() -> float:
-    return time.time() * 1000.0
-
 
 class Session:
     """Runs one client connection from its first message to its end."""
@@ -276,10 +273,6 @@ class Session:
         self.core.receive(Closed(), Now.read())
         await self.transport.close(close.code, close.reason)
         raise Disconnected(close.code)
-
-    async def _send_all(self, events: list[Event]) -> None:
-        for event in events:
-            await self.send(event)
 
     async def report(self, exc: SessionError, origin: Origin | None = None) -> None:
         """The one place a ``SessionError`` becomes an ``error`` event (``origin``: the client

@@ -114,9 +114,6 @@ class Executor:
             except SessionError as exc:
                 await self.report(exc, origin)
 
-    def _woken(self) -> None:
-        self.progress.set()
-
     async def report(self, exc: SessionError, origin: Origin | None = None) -> None:
         """Send the error event of ``exc``."""
         await self._send(error_event(exc, origin))
