@@ -209,6 +209,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
                 "watches": dict(metrics.watch_totals),
                 "engine": app.state.engine.stats(),
+                "kv_cache_tokens": app.state.engine.kv_cache_tokens(),
             }
         )
 

@@ -246,6 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     p_live.add_argument("--ask-every-s", type=float, default=60.0, help="seconds between typed questions")
     p_live.add_argument("--max-tokens", type=int, default=16, help="tokens per answer")
 
+    p_long = bench_sub.add_parser("long", help="one camera session for minutes through many window slides, on one "
+                                  "engine: time to first output, cached shares, prefill work, watch fires, RSS")
+    p_long.add_argument("--engine", choices=("transformers", "vllm", "openai"), default="transformers",
+                        help="the engine (vllm: in the server's process; openai: in front of vLLM's own server)")
+    p_long.add_argument("--model", default=None, help="model path, or 'colours' for the shipped colours model "
+                        "(default: the random model of real size; on vLLM a random Idefics3)")
+    p_long.add_argument("--minutes", type=float, default=30.0, help="how long the session streams")
+    p_long.add_argument("--fps", type=float, default=2.0, help="camera frames sent per second")
+    p_long.add_argument("--ask-every-s", type=float, default=30.0, help="seconds between questions")
+    p_long.add_argument("--max-frames", type=int, default=None, help="the session's buffer (default: the server's)")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -317,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
             from server.bench.live import run_live
 
             run_live(args.model, args.minutes, args.fps, args.ask_every_s, args.max_tokens)
+        elif args.bench == "long":
+            import tempfile
+
+            from server.bench.long import run_long
+
+            with tempfile.TemporaryDirectory() as folder:
+                run_long(args.engine, args.model, args.minutes, args.fps, args.ask_every_s, args.max_frames, Path(folder))
         elif args.bench == "voice":
             from server.bench.voice import run_voice
 

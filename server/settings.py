@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     max_cached_tokens: int = Field(
         200_000, ge=1, description="KV-cache tokens kept across all sessions (least recently used are dropped)"
     )
+    kv_shift: bool = Field(
+        True, description="embedded engine: when frames leave the front of a warm prefix, move the rest of its "
+        "KV cache up (keys re-rotated to their new positions) instead of computing it again; the session then "
+        "evicts one frame at a time. Off: half the window goes at once and the prefix is rebuilt"
+    )
 
     # Intake: read-ahead in bytes, image checks before decoding, load shedding.
     max_read_ahead_bytes: int = Field(

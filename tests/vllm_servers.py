@@ -72,7 +72,8 @@ SERVERS: dict[str, Spec] = {
         extra=("--dtype", "float32"),
     ),
     # the shipped Idefics3 colours model, for watches
-    "colours-idefics3": Spec(shipped=lambda: _shipped("idefics3"), extra=("--dtype", "float32")),
+    "colours-idefics3": Spec(shipped=lambda: _shipped("idefics3"),
+                             extra=("--dtype", "float32", "--limit-mm-per-prompt", '{"image": 24}')),
 }
 
 

@@ -101,9 +101,10 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class Warmed:
-    """A prefill ended: done, failed or stopped."""
+    """A prefill ended: ``done`` (it ran to the end), or failed or stopped."""
 
     step: WarmStep
+    done: bool = True
 
 
 @dataclass(frozen=True, slots=True)

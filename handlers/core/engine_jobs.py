@@ -1,6 +1,6 @@
 """The core's decisions about the engine's next job (``SessionMachine`` inherits them): a
 prefill when the prefix is behind and nothing runs, else a round of watch checks when one is
-due, else a timer for the next round or the idle timeout; what a prefill's or a round's end
+due, else a prefill of the next window when one slides (``window_slide``), else a timer for the next round or the idle timeout; what a prefill's or a round's end
 starts (the answer it held back, a fire's answer, the next job). Pure."""
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class EngineJobs:
                 self._job = step
                 return [Check(step)]
             wait = None
+        if self.warm_prefix and (step := state.next_slide_warm()) is not None:
+            slot.warm()  # the next window's prefill: after the prefix and the checks
+            self._job = step
+            return [Prefill(step)]
         return self._set_timer(min((t for t in (idle_at, None if wait is None else now.s + wait) if t is not None),
                                    default=None))
 
@@ -66,7 +70,7 @@ class EngineJobs:
         return self._ask(answer, now.s, now, before=[Send(timed_out)])
 
     def _warmed(self, result: Warmed, now: Now) -> list[Effect]:
-        self.state.warmed(result.step)
+        self.state.warmed(result.step, result.done)
         return self._job_ended(now)
 
     def _job_ended(self, now: Now) -> list[Effect]:

@@ -24,7 +24,9 @@ class CheckStep:
 @dataclass(frozen=True, slots=True)
 class WarmStep:
     """One prefill the executor runs for the core: ``prompt`` over ``frames``, which stay
-    pinned until ``SessionCore.warmed`` is called with this step."""
+    pinned until ``SessionCore.warmed`` is called with this step. ``slide``: a prefill of the
+    next window (``window_slide``), not of the prompt the session asks on now."""
 
     frames: list[Frame]
     prompt: Prompt
+    slide: bool = False

@@ -43,6 +43,7 @@ from handlers.core.hearing import Hearing
 from handlers.core.lifecycle import EngineSlot
 from handlers.core.planning import Planning
 from handlers.core.timeline_prompts import TimelinePrompts
+from handlers.core.window_slide import Slide, WindowSlide
 from handlers.wire.protocol import SessionConfig, TurnDetection, VideoFrame, WatchCreate, WatchDelete, WatchUpdate
 from handlers.core.items import Conversation, PendingInput
 from handlers.core.timeline import Exchange, Timeline
@@ -81,7 +82,7 @@ def _vad(turns: TurnDetection | None) -> tuple[float, int, int] | None:
     return None if turns is None else (turns.threshold, turns.silence_ms, turns.prefix_padding_ms)
 
 
-class SessionCore(Hearing, Planning, TimelinePrompts):
+class SessionCore(Hearing, Planning, TimelinePrompts, WindowSlide):
     """One session's state and decisions."""
 
     def __init__(
@@ -110,6 +111,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         self._speech_items = itertools.count(1)
         self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
         self.check_rounds = CheckSchedule(limits.min_check_interval_ms / 1000)
+        self.slide: Slide | None = None  # the window slide under way (``window_slide``)
 
     # ------------------------------------------------------------------ phase
     def move_to(self, phase: Phase) -> None:
@@ -138,7 +140,8 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         config, notes = negotiate(config, self.limits, self.capabilities, self.voice)
         self.config = config
         self.timeline = Timeline(config.num_frames, self.limits.max_history_turns, self.limits.max_history_tokens)
-        self.camera = Camera(config, bulk_eviction=self.warm_prefix)
+        # a warm prefix the engine cannot move is rebuilt when frames leave it: half the window goes at once
+        self.camera = Camera(config, bulk_eviction=self.warm_prefix and not self.capabilities.shifts_prefix)
         self.mic.detect_turns(self._detector(config))
         try:
             self.watches = WatchBook.of(config.watches, self.limits.max_watches, self.limits.max_answer_tokens)
@@ -228,6 +231,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts):
         intake = self.camera.accept(event, data, key, thumb, now_ms, self.items.tail)
         if intake.frame is not None:
             self.items.appended(frame_item(event.frame_id))
+            self.plan_slide(bool(intake.evicted))
         return intake
 
     def take_frame(self, event: VideoFrame, prepared: PreparedFrame, receive_ms: float, now_ms: float) -> FrameIntake:

@@ -28,7 +28,7 @@ Pure and synchronous, like the rest of the core.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from handlers.core.frames import Frame
@@ -146,12 +146,26 @@ class Timeline:
     def forget_evicted(self) -> bool:
         """Drop frames that left the buffer window and fold leading turns left without
         frames into the text history. Returns True when anything changed."""
+        return self._forget(lambda f: f.in_window)
+
+    def from_frame(self, first: Frame) -> Timeline:
+        """A copy of this timeline as it will be once the frames before ``first`` have left
+        (a window slide's next window); this one is not changed."""
+        copy = Timeline(
+            self.num_frames, self.max_history_turns, self.max_history_tokens, list(self.history),
+            [TimelineTurn(list(t.frames), list(t.messages)) for t in self.turns], list(self.open), self.stride,
+            self.edited, self._last_seen,
+        )
+        copy._forget(lambda f: f.in_window and f.seq >= first.seq)
+        return copy
+
+    def _forget(self, keep: Callable[[Frame], bool]) -> bool:
         changed = False
         for turn in self.turns:
-            kept = [f for f in turn.frames if f.in_window]
+            kept = [f for f in turn.frames if keep(f)]
             changed |= len(kept) != len(turn.frames)
             turn.frames = kept
-        kept = [f for f in self.open if f.in_window]
+        kept = [f for f in self.open if keep(f)]
         changed |= len(kept) != len(self.open)
         self.open = kept
         return self._fold() or changed

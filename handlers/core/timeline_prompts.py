@@ -10,7 +10,7 @@ from handlers.core.answer import Answer, Outcome
 from handlers.core.frames import Frame
 from handlers.core.jobs import WarmStep
 from handlers.core.prompt import render_timeline
-from handlers.core.timeline import Message, TimelineTurn, heard_text, interrupted_answer
+from handlers.core.timeline import Message, Timeline, TimelineTurn, heard_text, interrupted_answer
 from handlers.wire.errors import ErrorCode, SessionError
 from server.engines.base import AudioSegment, Prompt
 
@@ -61,8 +61,9 @@ class TimelinePrompts:
             open_frames=answer.used, origin=self.origin, timestamps=self.config.frame_timestamps, question=question,
         )
 
-    def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None) -> Prompt:
-        timeline = self.timeline
+    def _render(self, question: str | None, audio: AudioSegment | None = None, instructions: str | None = None,
+                timeline: Timeline | None = None) -> Prompt:
+        timeline = timeline or self.timeline
         return render_timeline(
             system_prompt=instructions or self.system_text(),
             history=timeline.history,
@@ -136,6 +137,9 @@ class TimelinePrompts:
         self.buffer.pin(frames)
         return WarmStep(frames, self.warm_prompt(frames))
 
-    def warmed(self, step: WarmStep) -> None:
-        """A prefill ended (done, failed or stopped by a question): its frames may go."""
+    def warmed(self, step: WarmStep, done: bool = True) -> None:
+        """A prefill ended (``done``: ran to the end; else failed or stopped by a question): its
+        frames may go; a prefill of the next window counts for the slide (``window_slide``)."""
         self.buffer.unpin(step.frames)
+        if step.slide:
+            self.slide_warmed(step, done)

@@ -180,15 +180,17 @@ class Executor:
 
     async def _warm(self, step: WarmStep, scope: anyio.CancelScope) -> None:
         """A prefill as a child of the session; a question stops it through its scope."""
+        done = False
         try:
             with scope:
                 await self.engine.prefill(self.core.session_id, step.prompt)
+                done = True
         except EngineError as exc:
             log.warning("prefix warmup failed: %s", exc)
         finally:
             del self._scopes[id(step)]
             with anyio.CancelScope(shield=True):
-                await self.result(Warmed(step))
+                await self.result(Warmed(step, done))
 
     async def _check(self, effect: Check, origin: Origin | None) -> None:
         scope = self._scopes[id(effect.step)] = anyio.CancelScope()

@@ -125,6 +125,9 @@ class Capabilities:
     max_image_side: int | None = None
     token_probabilities: bool = False  # ``check`` reads yes/no from the next-token distribution
     max_images: int | None = None  # the most images one prompt may carry (None: no limit)
+    # a warm prefix that loses frames at its front is moved, not computed again: the session
+    # evicts its frames one at a time (``kv_shift``)
+    shifts_prefix: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +196,16 @@ class EngineStats(TypedDict, total=False):
     extends this record with keys of its own. Values are plain JSON. ``running_requests``:
     requests the engine is serving now (none may be left once sessions settle);
     ``cache_misses``: requests refused because they named an image by uuid that the model's
-    server no longer held, and sent again with the image's data.
+    server no longer held, and sent again with the image's data; ``prompt_tokens_computed``:
+    prompt tokens the model computed since the engine started, less what its cache served, by
+    the work they were for (``warm``: warm prefixes, ``check``: watch checks, ``answer``); ``kv_shifts``: warm prefixes moved
+    rather than computed again when frames left their front.
     """
 
     running_requests: int
     cache_misses: int
+    prompt_tokens_computed: dict[str, int]
+    kv_shifts: int
 
 
 class Engine(ABC):

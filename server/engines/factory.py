@@ -66,6 +66,7 @@ def create_engine(settings: Settings) -> Engine:
         model_nice=settings.model_nice,
         yield_to=blocking.frames_busy,
         max_yield_ms=settings.model_yield_ms,
+        kv_shift=settings.kv_shift,
     )
 
 

@@ -63,6 +63,13 @@ class SessionCache:
                 return matched, index
         return matched, len(pieces)
 
+    def first_token_of(self, image_key: str, after: int = 0) -> int | None:
+        """The index of the first token of image ``image_key`` at or after ``after``, or None."""
+        try:
+            return self.owners.index(image_key, after)
+        except ValueError:
+            return None
+
     def crop(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens."""
         if length >= self.length:

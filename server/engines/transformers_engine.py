@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from server.engines.base import (
     Engine,
     EngineError,
     EngineEvent,
+    EngineStats,
     Finished,
     ImageSegment,
     Prompt,
@@ -44,6 +46,7 @@ from server.engines.detokenizer import IncrementalDetokenizer
 from server.engines.hf_loading import load_model, load_processor, model_family, model_image_side
 from server.engines.growable_cache import crop_to, new_cache
 from server.engines.kv_cache import CacheBudget, SessionCache
+from server.engines.kv_shift import can_shift, plan_shift, put_run, rotary_frequencies, take_run
 from server.engines.model_thread import ModelThread, Priority
 from server.engines.prompt_encoding import Piece, PromptEncoder
 from server.engines.yes_no import answer_token_ids, yes_probability
@@ -70,7 +73,12 @@ class TransformersEngine(Engine):
         yield_to: Callable[[], bool] | None = None,
         max_yield_ms: float = 0.0,
         max_images: int | None = None,
+        kv_shift: bool = True,
     ) -> None:
+        self.kv_shift = kv_shift  # move a prefix that lost frames at its front (``kv_shift``)
+        self._inv_freq: torch.Tensor | None = None
+        self.shifts = 0
+        self.computed: Counter[str] = Counter()  # prompt tokens computed, by work: warm, check, answer
         self.max_cached_images = max_cached_images
         self._max_images = max_images  # the most frames a prompt may hold (None: no limit)
         self.model_path = model_path
@@ -113,9 +121,10 @@ class TransformersEngine(Engine):
         self._yes_ids = torch.tensor(yes, dtype=torch.long)
         self._no_ids = torch.tensor(no, dtype=torch.long)
         side = model_image_side(processor.image_processor, self._max_image_side)
+        self._inv_freq = rotary_frequencies(self.model) if self.kv_shift else None
         self.capabilities = Capabilities(
             name="transformers", model=self.model_path, warm_prefix=True, max_image_side=side,
-            token_probabilities=True, max_images=self._max_images,
+            token_probabilities=True, max_images=self._max_images, shifts_prefix=self._inv_freq is not None,
         )
         log.info("transformers engine: %s (%s family) on %s", self.model_path, family, self.device)
 
@@ -131,6 +140,10 @@ class TransformersEngine(Engine):
         """Tokens in every session's KV cache (read without the model thread: a snapshot)."""
         return self.budget.total_tokens
 
+    def stats(self) -> EngineStats:
+        """Prefix shifts done and prompt tokens computed since the engine started."""
+        return EngineStats(prompt_tokens_computed=dict(self.computed), kv_shifts=self.shifts)
+
     # ------------------------------------------------------------------ requests
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
         """Extend the session's cache over ``prompt``; returns the cached token count.
@@ -143,7 +156,7 @@ class TransformersEngine(Engine):
             cache = await self._run(self._reuse, session_id, pieces, False, priority=Priority.WARMUP)
             todo = _remaining(pieces, cache.length)
             for chunk in _chunks(todo, self.prefill_chunk_tokens, one_image=True):
-                await self._run(self._forward, session_id, cache, chunk, priority=Priority.WARMUP)
+                await self._run(self._forward, session_id, cache, chunk, "warm", priority=Priority.WARMUP)
             return cache.length
 
     async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
@@ -177,7 +190,7 @@ class TransformersEngine(Engine):
             cached = cache.length
             logits = None
             for chunk in _chunks(_remaining(pieces, cached), self.prefill_chunk_tokens):
-                logits = await self._run(self._forward, session_id, cache, chunk)
+                logits = await self._run(self._forward, session_id, cache, chunk, "answer")
             if logits is None:
                 raise EngineError("empty prompt")
             detok = IncrementalDetokenizer(self.encoder.tokenizer, skip_special_tokens=True)
@@ -232,6 +245,7 @@ class TransformersEngine(Engine):
     def _reuse(self, session_id: str, pieces: list[Piece], need_logits: bool) -> SessionCache:
         """Cut the session's cache back to its longest prefix shared with ``pieces``."""
         cache = self.budget.get(session_id)
+        self._slide(session_id, cache, pieces)
         matched, whole = cache.common_prefix(pieces)
         total = sum(len(p.ids) for p in pieces)
         if need_logits and matched >= total:
@@ -242,8 +256,32 @@ class TransformersEngine(Engine):
         return cache
 
     @torch.inference_mode()
-    def _forward(self, session_id: str, cache: SessionCache, pieces: list[Piece]) -> torch.Tensor:
-        """Append ``pieces`` to the session's cache; returns the logits after the last token."""
+    def _slide(self, session_id: str, cache: SessionCache, pieces: list[Piece]) -> None:
+        """Where frames left the front of the prompt, move the cached run that follows them up
+        (``kv_shift``): keep the head, compute the few tokens between it and the run, append the
+        run rotated back by the gap. A cache that cannot move is left to be cut back."""
+        if self._inv_freq is None or not can_shift(cache.kv):
+            return
+        shift = plan_shift(cache, pieces)
+        if shift is None or shift.keep == 0:
+            return
+        end = shift.start + shift.length
+        run = take_run(cache.kv, shift.start, shift.length)
+        ids, owners = cache.ids[shift.start : end], cache.owners[shift.start : end]
+        next_positions = cache.next_positions[shift.start : end]
+        was = cache.next_positions[shift.start - 1]  # the run's first position
+        cache.crop(shift.keep)
+        if shift.new:
+            self._forward(session_id, cache, list(shift.new), "warm")
+        by = cache.next_position - was
+        put_run(cache.kv, run, by, self._inv_freq)
+        cache.append(ids, owners, [n + by for n in next_positions])
+        self.shifts += 1
+
+    @torch.inference_mode()
+    def _forward(self, session_id: str, cache: SessionCache, pieces: list[Piece], work: str | None = None) -> torch.Tensor:
+        """Append ``pieces`` to the session's cache; returns the logits after the last token.
+        ``work``: whose prompt tokens these are (counted in ``stats``; None: generated tokens)."""
         ids = [i for p in pieces for i in p.ids]
         positions, _ = self.encoder.position_ids(pieces, cache.next_position)
         if cache.kv is None:
@@ -258,6 +296,8 @@ class TransformersEngine(Engine):
         next_positions = [max(n, cache.next_position) for n in next_positions]
         owners = [p.image_key for p in pieces for _ in p.ids]
         cache.append(ids, owners, next_positions)
+        if work is not None:
+            self.computed[work] += len(ids)
         self.budget.enforce(keep=session_id)
         return out.logits[0, -1].float().cpu()
 
@@ -285,9 +325,12 @@ class TransformersEngine(Engine):
         ``prefill_chunk_tokens`` new tokens (what each does not share with the session's cache;
         a step holds one prompt at least), in order."""
         cache = self.budget.get(session_id)
+        encoded = [self._encode(prompt) for prompt in prompts]
+        if encoded:
+            self._slide(session_id, cache, encoded[0])  # the prompts share the session's prefix
         steps: list[list[list[Piece]]] = []
         size = self.prefill_chunk_tokens
-        for pieces in map(self._encode, prompts):
+        for pieces in encoded:
             new = sum(len(p.ids) for p in pieces) - (cache.common_prefix(pieces)[0] if cache.kv is not None else 0)
             if steps and size + new <= self.prefill_chunk_tokens:
                 steps[-1].append(pieces)
@@ -333,6 +376,7 @@ class TransformersEngine(Engine):
                 except RuntimeError:  # a layer that cannot go back: the cache is lost, not wrong
                     cache.clear()
                     raise
+        self.computed["check"] += sum(lengths)
         probs = torch.softmax(out.logits[0].float(), dim=-1).cpu()
         return [
             CheckResult(_answer_probability(row, self._yes_ids, self._no_ids), sum(len(p.ids) for p in pieces),

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -127,6 +127,7 @@ class VllmEngine(Engine):
         self._live: dict[str, set[str]] = {}  # session id -> engine request ids still running
         self._held: OrderedDict[str, None] = OrderedDict()  # images vLLM was handed, by content key
         self._cache_misses = 0
+        self._computed: Counter[str] = Counter()  # prompt tokens vLLM computed, by work (``stats``)
         self._yes_ids: frozenset[int] = frozenset()
         self._no_ids: frozenset[int] = frozenset()
         self._check_logprobs: dict[str, Any] = {"logprobs": TOP_LOGPROBS}
@@ -205,6 +206,7 @@ class VllmEngine(Engine):
             running_requests=running,
             livesight_requests=sum(len(v) for v in self._live.values()),
             cache_misses=self._cache_misses,
+            prompt_tokens_computed=dict(self._computed),
         )
 
     # ------------------------------------------------------------------ requests
@@ -227,6 +229,7 @@ class VllmEngine(Engine):
         async with aclosing(self._stream(session_id, request_id, prompt, params)) as outputs:
             async for out in outputs:
                 length = len(out.prompt_token_ids or ())
+                self._count("warm", length, out.num_cached_tokens)
         return length
 
     async def generate(
@@ -258,6 +261,7 @@ class VllmEngine(Engine):
                     yield TextDelta(completion.text)
                 if out.finished:
                     reason = _finish_reason(completion.finish_reason)
+        self._count("answer", prompt_tokens, cached)
         spoken = max(0, min(self._text_tokens(prompt.spoken), prompt_tokens - images))
         yield Finished(reason, Usage(prompt_tokens, cached, produced, images, spoken))
 
@@ -296,7 +300,12 @@ class VllmEngine(Engine):
             (lp.logprob for token, lp in first.items() if token in self._yes_ids),
             (lp.logprob for token, lp in first.items() if token in self._no_ids),
         )
+        self._count("check", len(final.prompt_token_ids or ()), final.num_cached_tokens)
         return CheckResult(probability, len(final.prompt_token_ids or ()), final.num_cached_tokens or 0)
+
+    def _count(self, work: str, prompt_tokens: int, cached: int | None) -> None:
+        """Note the prompt tokens vLLM computed for a finished request (``work``: what it was for)."""
+        self._computed[work] += max(0, prompt_tokens - (cached or 0))
 
     def _image_tokens(self, token_ids: Any) -> int:
         """Image tokens in a prompt: the processor's image token id, once per token it expands to."""

@@ -245,6 +245,10 @@ def run_answer(
         answer.stop(stop)
     outcome = Outcome.FAILED if error_code is not None else Outcome.INTERRUPTED if stop is not None else Outcome.COMPLETED
     effects += machine.completed(Ended(answer, outcome, error_code), Now(now + step_s, (now + step_s) * 1000))
+    after = effects[-1:]
+    while after and isinstance(after[-1], Prefill):  # the prefills its end started, each run to its end
+        after = machine.completed(Warmed(after[-1].step), Now(now + step_s, (now + step_s) * 1000))
+        effects += after
     assert prompt is not None
     return Ran([e.event for e in effects if isinstance(e, Send)], prompt)
 

@@ -142,7 +142,7 @@ class OpenAIEngine(Engine):
             return await self._warm(session_id, prompt)
 
     async def _warm(self, session_id: str, prompt: Prompt) -> int:
-        _, answer = await self._complete(session_id, prompt, {})
+        _, answer = await self._complete(session_id, prompt, {}, work="warm")
         return int((answer.get("usage") or {}).get("prompt_tokens") or 0)
 
     async def check(self, session_id: str, request_id: str, prompts: list[Prompt]) -> list[CheckResult]:
@@ -163,7 +163,7 @@ class OpenAIEngine(Engine):
 
     async def _check_one(self, session_id: str, request_id: str, prompt: Prompt) -> CheckResult:
         extra = {"logprobs": True, "top_logprobs": TOP_LOGPROBS}
-        replica, answer = await self._complete(session_id, prompt, extra, request_id)
+        replica, answer = await self._complete(session_id, prompt, extra, request_id, work="check")
         tops = first_token_logprobs(answer)
         if tops is None:
             raise EngineError(f"{replica.base} returned no token probabilities (logprobs) for a check")
@@ -175,10 +175,11 @@ class OpenAIEngine(Engine):
         return CheckResult(probability, usage.prompt_tokens, usage.cached_tokens)
 
     async def _complete(
-        self, session_id: str, prompt: Prompt, extra: dict[str, Any], request_id: str | None = None
+        self, session_id: str, prompt: Prompt, extra: dict[str, Any], request_id: str | None = None, *, work: str,
     ) -> tuple[Replica, dict[str, Any]]:
         """One chat completion for one token, not streamed; returns the replica that answered
-        and its answer. Sent once more where ``generate`` would be. Raises ``EngineError``."""
+        and its answer (``work``: what it is for, in the counters). Sent once more where
+        ``generate`` would be. Raises ``EngineError``."""
         sampling = Sampling(temperature=0.0, max_tokens=1)
         extra = {"stream": False, **extra}
         replica = await self._pick(session_id)
@@ -199,7 +200,7 @@ class OpenAIEngine(Engine):
             raise EngineError(f"{replica.base} sent a malformed answer") from exc
         if not isinstance(answer, dict):
             raise EngineError(f"{replica.base} sent a malformed answer")
-        self.traffic.prompt_tokens += int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        self.traffic.count_prompt(answer.get("usage") or {}, work)
         return replica, answer
 
     async def generate(
@@ -259,7 +260,7 @@ class OpenAIEngine(Engine):
                 await response.aclose()  # a closed connection makes the server abort the request
         if reason is None:
             raise EngineError(f"{replica.base} ended the stream without finishing the answer")
-        self.traffic.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        self.traffic.count_prompt(usage, "answer")
         yield Finished(FINISH_REASONS.get(reason, "stop"), remote_usage(usage, prompt))
 
     async def _open(

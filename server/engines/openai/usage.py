@@ -12,7 +12,7 @@ cache misses that made a request go again with every image.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from server.engines.base import EngineStats, ImageSegment, Prompt, TextSegment, Usage
@@ -33,6 +33,7 @@ class Traffic:
     cache_misses: int = 0
     sessions_data_only: int = 0  # sessions whose images stopped being kept between their requests
     prompt_tokens: int = 0
+    prompt_tokens_computed: dict[str, int] = field(default_factory=dict)  # by work, less what was cached
 
     def count_request(self, size: int, images_sent: int, images_referenced: int) -> None:
         """Note one request put on the wire (``size`` bytes of body)."""
@@ -40,6 +41,13 @@ class Traffic:
         self.request_bytes += size
         self.images_sent += images_sent
         self.images_referenced += images_referenced
+
+    def count_prompt(self, usage: dict[str, Any], work: str) -> None:
+        """Note a finished request's prompt: its tokens, and those the server computed for ``work``."""
+        prompt = int(usage.get("prompt_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        self.prompt_tokens += prompt
+        self.prompt_tokens_computed[work] = self.prompt_tokens_computed.get(work, 0) + max(0, prompt - cached)
 
 
 class ReplicaStats(TypedDict):

