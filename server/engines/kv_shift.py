@@ -80,8 +80,8 @@ def plan_shift(cache: SessionCache, pieces: list[Piece]) -> Shift | None:
     while length < limit and cache.ids[start + length] == ids[length] and cache.owners[start + length] == owners[length]:
         length += 1
     new = _between(pieces, keep, offset)
-    if length == 0 or start - keep <= sum(len(p.ids) for p in new):
-        return None  # not a deletion (text put in before the run): the run never saw it, so it is computed again
+    if start <= keep or length < sum(len(p.ids) for p in new):
+        return None  # nothing left the front, or the run is shorter than what comes before it
     return Shift(keep, tuple(new), start, length)
 
 

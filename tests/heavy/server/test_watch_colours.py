@@ -31,6 +31,7 @@ from server.bench import long
 from server.models.colour_frames import ColourScene
 from server.settings import Settings
 from tests.colours_models import ShippedModels
+from tests.heavy.engines.engine_scenarios import settle
 from tests.heavy.engines.test_engine_vllm import vllm_test_settings
 from tests.protocol_client import Client, b64, connect
 from tests.vllm_servers import API_KEY
@@ -152,6 +153,7 @@ async def test_red_fires_twice_on_the_right_frames_and_the_follow_up_is_warm(ser
             assert seen.accepted.index(fire) - seen.accepted.index(scene_start) < WITHIN, (fire, seen.accepted)
         for done in seen.of("response.done"):
             assert done["trigger"] == {"type": "watch", "watch_id": "red"} and done["status"] == "completed"
+        await settle(served.server)  # the prefix warmed over the fired answers
         answer = await client.ask("What colour is the screen?")
         done = answer[-1]
         usage = done["usage"]
@@ -183,8 +185,8 @@ async def test_a_long_stream_slides_its_window_without_a_rewarm(served: Served) 
     frames. Every question finds at least 90% of its prompt cached (on vLLM, of its whole
     blocks: its prefix cache keeps nothing less), every red scene fires within two accepted
     frames, none fires on grey, no accepted frame goes unchecked. The embedded engine moves its
-    prefix (one frame evicted at a time) and computes about a frame's own tokens per frame; the
-    vLLMs warm the next window before the switch (their prefill work is printed)."""
+    prefix at every eviction (one frame at a time) and computes each frame once; the vLLMs warm
+    the next window before the switch (their prefill work is printed)."""
     colours = long.script(72, 6)
     seen = await long.run_session(served.server, long.clip(colours, seed=44), colours, fps=None, ask_every=8,
                                   max_frames=MAX_IMAGES)
@@ -199,4 +201,6 @@ async def test_a_long_stream_slides_its_window_without_a_rewarm(served: Served) 
         assert asked.cached_tokens >= 0.9 * cacheable, asked
     if served.engine == "transformers":
         assert seen.engine_after["kv_shifts"] > seen.engine_before.get("kv_shifts", 0) + 40
-        assert seen.warm_per_frame <= 2.0 * seen.frame_tokens, (seen.warm_per_frame, seen.frame_tokens)
+        # a frame's own tokens here: 16 image tokens, their markers and a timestamp; a re-warm of the
+        # retained half at each half-window eviction would add that much again per frame (about 3.8x)
+        assert seen.warm_per_frame <= 3.0 * seen.frame_tokens, (seen.warm_per_frame, seen.frame_tokens)

@@ -579,9 +579,9 @@ async def test_cancelled_warmup_stops_within_one_frame(rig: Rig) -> None:
     forward = engine._forward
     loop = anyio.lowlevel.current_token()
 
-    def counting(session_id: str, cache: Any, pieces: list[Piece]) -> torch.Tensor:
+    def counting(session_id: str, cache: Any, pieces: list[Piece], work: str | None = None) -> torch.Tensor:
         steps.append(sum(1 for piece in pieces if piece.image_key))
-        out = forward(session_id, cache, pieces)
+        out = forward(session_id, cache, pieces, work)
         anyio.from_thread.run_sync(first_step.set, token=loop)  # from the model thread
         return out
 
