@@ -257,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     p_long.add_argument("--ask-every-s", type=float, default=30.0, help="seconds between questions")
     p_long.add_argument("--max-frames", type=int, default=None, help="the session's buffer (default: the server's)")
 
+    p_shift = bench_sub.add_parser("shift", help="the embedded engine's moved prefix against cold prefills of the "
+                                   "same windows: answers agreeing, check probability gaps")
+    p_shift.add_argument("--model", default="colours",
+                         help="'colours' (the demo model), 'random' (the random-weight model of real size) or a path")
+    p_shift.add_argument("--frames", type=int, default=400, help="frames streamed")
+    p_shift.add_argument("--window", type=int, default=50, help="frames in the window")
+    p_shift.add_argument("--ask-every", type=int, default=3, help="frames between questions once the window is full")
+    p_shift.add_argument("--scene", type=int, default=20, help="frames per colour scene")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -335,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory() as folder:
                 run_long(args.engine, args.model, args.minutes, args.fps, args.ask_every_s, args.max_frames, Path(folder))
+        elif args.bench == "shift":
+            from server.bench.shift import run_shift
+
+            run_shift(args.model, args.frames, args.window, args.ask_every, args.scene)
         elif args.bench == "voice":
             from server.bench.voice import run_voice
 
