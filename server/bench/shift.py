@@ -8,9 +8,12 @@ cold. A camera of colour scenes (``server.models.colour_frames``: a scene of ``s
 per colour in turn) streams into the moving engine one frame at a time through a window of
 ``window`` frames, so the prefix moves at every frame once the window is full; every
 ``ask_every`` frames after that the same question ("What colour is the screen?") and the same
-check ("Is the screen red?") go to both engines over the same window.
+check ("Is the screen red?") go to both engines over the same window. The same question asked
+every ``ask_every`` frames while the window fills, before any move, is the baseline: how often
+a warm prefix that was never moved agrees with a cold prefill (they differ only in the order
+of float sums).
 
-Printed: the questions, how many answers agree word for word, the check probabilities'
+Printed: the questions, how many answers agree word for word (and the baseline's), the check probabilities'
 differences (mean, p99, max), the smallest share of a question's prompt the moving engine's
 cache served, and the moves done. On the colours model an answer names the screen's colour;
 on the random-weight model (real frame sizes) an answer is noise, so agreement there says how
@@ -54,6 +57,7 @@ class Agreement:
     """The moving engine against cold prefills of the same windows."""
 
     answers: list[tuple[str, str]] = field(default_factory=list)  # (moved, cold) per question
+    unmoved: list[tuple[str, str]] = field(default_factory=list)  # (warm, cold) before the first move
     probability_gaps: list[float] = field(default_factory=list)
     cached_shares: list[float] = field(default_factory=list)
     shifts: int = 0
@@ -65,6 +69,10 @@ class Agreement:
     def report(self) -> list[str]:
         asked, gaps = len(self.answers), self.probability_gaps
         lines = [f"answers agreeing with a cold prefill: {self.agreed} of {asked} ({self.agreed / max(asked, 1):.1%})"]
+        if self.unmoved:
+            same = sum(warm == cold for warm, cold in self.unmoved)
+            lines.append(f"baseline, the warm prefix before its first move against a cold prefill: {same} of "
+                         f"{len(self.unmoved)} ({same / len(self.unmoved):.1%})")
         if gaps:
             lines.append(f"check P(yes) gap to the cold prefill: mean {statistics.mean(gaps):.4f}, p99 "
                          f"{percentile(gaps, 0.99):.4f}, max {max(gaps):.4f}")
@@ -109,12 +117,15 @@ async def compare(model: str, *, frames: int, window: int, ask_every: int, scene
         for end in range(1, frames + 1):
             first = max(0, end - window)
             await moving.prefill("moving", window_prompt(clip[first:end], first))
-            if end <= window or (end - window) % ask_every:
+            if (end - window) % ask_every or end < ask_every:
                 continue
             question = window_prompt(clip[first:end], first, QUESTION)
             moved, cached = await _answer(moving, "moving", question, max_tokens)
             await cold.release("cold")
             fresh, _ = await _answer(cold, "cold", question, max_tokens)
+            if moving.shifts == 0:
+                seen.unmoved.append((moved, fresh))
+                continue
             check = window_prompt(clip[first:end], first, CONDITION)
             [a] = await moving.check("moving", "w", [check])
             await cold.release("cold")
