@@ -1,6 +1,7 @@
 """The core's decisions about the engine's next job (``SessionMachine`` inherits them): a
 prefill when the prefix is behind and nothing runs, else a round of watch checks when one is
-due, else a prefill of the next window when one slides (``window_slide``), else a timer for the next round or the idle timeout; what a prefill's or a round's end
+due, else a prefill of the next window when one slides (``window_slide``), else a timer for the next round, the next paced
+prefill (``Capabilities.warm_interval_s``) or the idle timeout; what a prefill's or a round's end
 starts (the answer it held back, a fire's answer, the next job). Pure."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ log = logging.getLogger("livesight.session")
 
 class EngineJobs:
     """The machine's engine half (its state: ``state``, ``_job``, ``_timer``, ``_ending``,
-    ``_waiting``; the rest of its decisions: ``_ask``, ``_start``, ``_checks``)."""
+    ``_waiting``, ``_warmed_at`` and ``_slid_at``: when its last prefill of the prefix and of the
+    next window started; the rest of its decisions: ``_ask``, ``_start``, ``_checks``)."""
 
     def _next_work(self, now: Now) -> list[Effect]:
         """A prefill when the prefix is behind, else a round of checks when one is due, else a
@@ -30,13 +32,16 @@ class EngineJobs:
             return self._idle(now)  # a running prefill or round of checks is stopped for it
         if slot.state is not SlotState.IDLE:
             return self._set_timer(idle_at)
+        later = [] if idle_at is None else [idle_at]  # when something waiting may run
+        pace = state.capabilities.warm_interval_s
         if self.warm_prefix and slot.behind:
-            step = state.next_warm()
-            if step is None:
+            if self._warmed_at + pace > now.s:  # paced: checks may run meanwhile
+                later.append(self._warmed_at + pace)
+            elif (step := state.next_warm()) is None:
                 slot.nothing_to_warm()
             else:
                 slot.warm()
-                self._job = step
+                self._job, self._warmed_at = step, now.s
                 return [Prefill(step)]
         wait = state.check_due(now.s) if self._checks else None
         if wait == 0:
@@ -46,12 +51,16 @@ class EngineJobs:
                 self._job = step
                 return [Check(step)]
             wait = None
-        if self.warm_prefix and (step := state.next_slide_warm()) is not None:
-            slot.warm()  # the next window's prefill: after the prefix and the checks
-            self._job = step
-            return [Prefill(step)]
-        return self._set_timer(min((t for t in (idle_at, None if wait is None else now.s + wait) if t is not None),
-                                   default=None))
+        if wait is not None:
+            later.append(now.s + wait)
+        if self.warm_prefix and state.slide is not None:  # the next window's prefill: after the prefix and the checks
+            if self._slid_at + pace > now.s:
+                later.append(self._slid_at + pace)
+            elif (step := state.next_slide_warm()) is not None:
+                slot.warm()
+                self._job, self._slid_at = step, now.s
+                return [Prefill(step)]
+        return self._set_timer(min(later, default=None))
 
     def _set_timer(self, at: float | None) -> list[Effect]:
         if at == self._timer:

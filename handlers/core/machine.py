@@ -130,6 +130,7 @@ class SessionMachine(SpeechDecisions, EngineJobs):
         self._job: WarmStep | CheckStep | None = None  # the prefill or round of checks running
         self._trims: dict[int, NativeAudioTrim] = {}
         self._timer: float | None = None
+        self._warmed_at = self._slid_at = float("-inf")  # the last prefill of the prefix / of the next window started
         self._ending = False  # video.done is handled: the session closes after its last answer
 
     @classmethod

@@ -10,10 +10,11 @@ idle (decodes and warmup done), then:
 
 A second session with ``prefix_warmup: false`` buffers the same N frames and asks once: the
 cold prefill of the same first prompt, measured in the same run. A third (N >= 8) fills its
-window (``max_frames`` = N), asks once, then sends one more frame, which evicts the oldest half
-and starts the re-warm, and asks the moment that frame is acknowledged: the question races
-the re-warm. It is compared with a cold prefill of a prompt that long, estimated from the
-cold session's time per token. Times are measured at the
+window (``max_frames`` = N), asks once, then sends one more frame, which slides the window
+(the embedded engine evicts the oldest frame and moves its warm prefix; an engine that cannot
+move one evicts the oldest half and warms the rest again), and asks the moment that frame is
+acknowledged: the question races the slide (column ``rewarm_race_ms``). It is compared with a
+cold prefill of a prompt that long, estimated from the cold session's time per token. Times are measured at the
 client, from sending ``video.query`` to the first ``video.frames.consumed`` or text delta.
 """
 

@@ -128,6 +128,10 @@ class Capabilities:
     # a warm prefix that loses frames at its front is moved, not computed again: the session
     # evicts its frames one at a time (``kv_shift``)
     shifts_prefix: bool = False
+    # the least time between the starts of a session's warm requests of one kind (its prefix,
+    # the next window's); 0: none. The session paces them (``engine_jobs``): frames that come
+    # meanwhile go into the next one, and checks run in between
+    warm_interval_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

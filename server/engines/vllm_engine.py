@@ -61,7 +61,6 @@ from server.engines.base import (
     processor_image,
 )
 from server.engines.prompt_encoding import render_chat, special_tokens
-from server.engines.warm_cadence import WarmCadence
 from server.engines.yes_no import answer_token_ids, check_concurrently, yes_probability_of_logprobs
 
 if TYPE_CHECKING:
@@ -110,7 +109,9 @@ class VllmEngine(Engine):
         max_warmups_per_s: float = 2.0,
     ) -> None:
         self.model_path = model_path
-        self._cadence = WarmCadence(max_warmups_per_s)
+        if max_warmups_per_s <= 0:
+            raise ValueError("max_warmups_per_s must be positive")
+        self._warm_interval_s = 1.0 / max_warmups_per_s  # the session paces its warm requests by it
         self.engine_args = {
             "model": model_path,
             "trust_remote_code": trust_remote_code,
@@ -119,7 +120,8 @@ class VllmEngine(Engine):
         }
         self.trust_remote_code = trust_remote_code
         self._max_image_side = max_image_side
-        self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True, token_probabilities=True)
+        self.capabilities = Capabilities(name="vllm", model=model_path, warm_prefix=True, token_probabilities=True,
+                                         warm_interval_s=self._warm_interval_s)
         self._llm: AsyncLLM | None = None
         self._template: Any = None  # the processor (or tokenizer) owning the chat template
         self._specials: list[str] = []
@@ -161,7 +163,7 @@ class VllmEngine(Engine):
         limit = (self.engine_args.get("limit_mm_per_prompt") or {}).get("image")
         self.capabilities = Capabilities(
             name="vllm", model=self.model_path, warm_prefix=True, max_image_side=side, token_probabilities=True,
-            max_images=int(limit) if limit else None,
+            max_images=int(limit) if limit else None, warm_interval_s=self._warm_interval_s,
         )
         log.info("vllm engine: %s (%s)", self.model_path, _describe(self.engine_args))
 
@@ -214,12 +216,9 @@ class VllmEngine(Engine):
         """Run a one-token request over the open prefix, so vLLM caches its blocks.
 
         Returns the prefix length in tokens. Cancelling it aborts the request; the blocks
-        computed so far stay in vLLM's prefix cache. Paced by the session's warm cadence.
+        computed so far stay in vLLM's prefix cache. The session paces these
+        (``Capabilities.warm_interval_s``).
         """
-        async with self._cadence.slot():
-            return await self._warm(session_id, prompt)
-
-    async def _warm(self, session_id: str, prompt: Prompt) -> int:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 

@@ -60,11 +60,13 @@ LIMITS = Limits(
 
 def machine(
     *, warm: bool = True, probabilities: bool = True, voice: VoicePaths | None = None, source: Source | None = None,
-    limits: Limits = LIMITS, **config: object,
+    limits: Limits = LIMITS, pace: float = 0.0, **config: object,
 ) -> SessionMachine:
     """A configured core: an engine that keeps a warm prefix and reads token probabilities
-    unless told otherwise, with ``config`` as the client's ``session.config``."""
-    capabilities = Capabilities(name="x", model="m", warm_prefix=warm, token_probabilities=probabilities)
+    unless told otherwise (``pace``: its warm interval), with ``config`` as the client's
+    ``session.config``."""
+    capabilities = Capabilities(name="x", model="m", warm_prefix=warm, token_probabilities=probabilities,
+                                warm_interval_s=pace)
     core = SessionMachine("s1", limits, capabilities, voice or VoicePaths(), source)
     core.configure(SessionConfig(**config))
     return core

@@ -186,6 +186,26 @@ def test_only_the_first_of_two_fires_is_answered() -> None:
     assert words.count("answer") == 1 and words.count("send WatchFired") >= 1
 
 
+@pytest.mark.parametrize("pace", [0.0, 0.5])
+def test_a_paced_prefill_leaves_the_check_of_a_new_frame_room(pace: float) -> None:
+    """Unpaced, a frame's prefill comes before its check. Paced (vLLM, engine=openai: a warm
+    request at most every 0.5 s), a frame that comes sooner is checked at once (the check's
+    request prefills it)."""
+    run = run_core([frame(1, "f1"), Warm(), Checks({"red": 0.1}), frame(2, "f2")], machine(pace=pace, watches=[RED]))
+    assert said(run.effects)[-1] == ("check" if pace else "prefill")
+
+
+def test_a_paced_prefill_waits_for_its_timer_and_nothing_else_waits() -> None:
+    """A frame that comes within the warm interval of the last prefill gets a timer; a question
+    meanwhile starts at once; the prefill starts when the timer is due."""
+    core = machine(pace=0.5)
+    run = run_core([frame(1, "f1"), Warm(), frame(2, "f2")], core)
+    assert said(run.effects)[-1] == "timer" and said(run.effects).count("prefill") == 1
+    assert said(run_core([*ask()], core).effects)[-1] == "answer"
+    assert "prefill" not in said(run_core([Reply(), frame(3, "f3")], core).effects)  # the timer set stands
+    assert said(run_core([At(100.6), Tick()], core).effects)[-1] == "prefill"
+
+
 def test_no_checks_without_a_warm_prefix() -> None:
     """An engine that keeps no prefix runs no watch checks."""
     run = run_core([frame(1, "f1"), frame(2, "f2")], machine(warm=False, watches=[RED]))

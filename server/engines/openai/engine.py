@@ -2,8 +2,8 @@
 
 Each answer is one streamed ``/v1/chat/completions`` request. Warmup is the same request over
 the prefix, closed as a user turn, for one token: the server caches every block up to the last
-frame, which is what the next query shares with it. A session's warm requests are paced by a
-``WarmCadence``. A check (yes or no, from the first answer token) is the same request as a
+frame, which is what the next query shares with it. A session paces its warm requests
+(``Capabilities.warm_interval_s``, from ``max_warmups_per_s``). A check (yes or no, from the first answer token) is the same request as a
 question's, not streamed, for one token with its top log probabilities.
 
 Each frame crosses to a replica once: later requests name it by ``uuid`` alone (see
@@ -39,7 +39,6 @@ from server.engines.openai.messages import Body, DataUrls, chat_body
 from server.engines.openai.replicas import Replica, ReplicaDown, replica_base
 from server.engines.openai.stream import FINISH_REASONS, choice_events, error_text, first_token_logprobs, sse_chunks
 from server.engines.openai.usage import RemoteStats, ReplicaStats, Traffic, remote_usage
-from server.engines.warm_cadence import WarmCadence
 from server.engines.yes_no import answer_kind, check_concurrently, yes_probability_of_logprobs
 
 log = logging.getLogger("livesight.engines")
@@ -84,7 +83,8 @@ class OpenAIEngine(Engine):
         self.audio_output = audio_output
         self.image_references = image_references
         self.session_headers = tuple(session_headers)
-        self._cadence = WarmCadence(max_warmups_per_s)
+        if max_warmups_per_s <= 0:
+            raise ValueError("max_warmups_per_s must be positive")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s, connect=_CONNECT_TIMEOUT_S)
         self._transport = transport
@@ -95,6 +95,7 @@ class OpenAIEngine(Engine):
         self.capabilities = Capabilities(
             name="openai", model=model or "", warm_prefix=True, audio_output=audio_output,
             max_image_side=max_image_side, token_probabilities=True, max_images=max_images,
+            warm_interval_s=1.0 / max_warmups_per_s,  # the session paces its warm requests by it
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,14 +135,8 @@ class OpenAIEngine(Engine):
 
     # ------------------------------------------------------------------ requests
     async def prefill(self, session_id: str, prompt: Prompt) -> int:
-        """A one-token request over the prefix; returns its prompt length in tokens.
-
-        Paced: it returns no sooner than the session's warm cadence allows the next one.
-        """
-        async with self._cadence.slot():
-            return await self._warm(session_id, prompt)
-
-    async def _warm(self, session_id: str, prompt: Prompt) -> int:
+        """A one-token request over the prefix; returns its prompt length in tokens. The session
+        paces these (``Capabilities.warm_interval_s``)."""
         _, answer = await self._complete(session_id, prompt, {}, work="warm")
         return int((answer.get("usage") or {}).get("prompt_tokens") or 0)
 
