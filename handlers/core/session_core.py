@@ -376,7 +376,11 @@ class SessionCore(Hearing, Planning, TimelinePrompts, WindowSlide):
 
     def next_check(self, now_s: float) -> CheckStep | None:
         """The round of checks due now over the warm prefix (its frames pinned until
-        ``checked``), or None when the timeline holds no frame yet."""
+        ``checked``), or None when the timeline holds no frame yet. A paced engine's prefix may
+        be behind the buffer (``Capabilities.warm_interval_s``): the timeline is brought up to
+        date first, so the round looks at the newest frame and its request warms what it adds."""
+        self.timeline.forget_evicted()
+        self.timeline.admit(self.buffer.frames)
         frames = self.timeline.frames
         if not frames:
             return None

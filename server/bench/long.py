@@ -169,7 +169,9 @@ class Session:
                          f"(p99 / p50 x{self.ttft(99) / max(p50, 1e-9):.2f})")
             lines.append(f"questions under {CACHED_ENOUGH:.0%} cached: {len(self.under_cached)} of {len(a)} "
                          f"(lowest share {min(x.cached_share for x in a):.1%}, median "
-                         f"{statistics.median(x.cached_share for x in a):.1%})")
+                         f"{statistics.median(x.cached_share for x in a):.1%})"
+                         + "".join(f"; at {x.at_s:.0f} s {x.cached_share:.1%} ({x.ttft_ms:.0f} ms)"
+                                   for x in self.under_cached[:5]))
         frame = self.frame_tokens
         lines.append(f"prefill work: {self.warm_per_frame:.1f} warm-prefix tokens computed per accepted frame, a "
                      f"frame's image tokens {frame:.1f} (x{self.warm_per_frame / max(frame, 1e-9):.2f}); checks "

@@ -195,6 +195,18 @@ def test_a_paced_prefill_leaves_the_check_of_a_new_frame_room(pace: float) -> No
     assert said(run.effects)[-1] == ("check" if pace else "prefill")
 
 
+def test_a_check_while_a_paced_prefix_is_behind_looks_at_the_buffer_as_it_is() -> None:
+    """Frames evicted while a paced prefix waits are not in the next round; its newest frame is."""
+    core = machine(pace=0.5, watches=[RED], max_frames=2, enable_frame_filter=False)
+    steps = [frame(1, "f1"), Warm(), Checks({"red": 0.1}), frame(2, "f2"), Checks({"red": 0.1}),
+             Warm(),  # the next window's prefill (a slide starts at 2 of 2 frames)
+             frame(3, "f3")]
+    run = run_core(steps, core)
+    assert said(run.effects)[-1] == "check"
+    step = run.newest(Check).step  # type: ignore[attr-defined]
+    assert not any(f.released for f in step.frames) and step.frame.frame_id == "f3"
+
+
 def test_a_paced_prefill_waits_for_its_timer_and_nothing_else_waits() -> None:
     """A frame that comes within the warm interval of the last prefill gets a timer; a question
     meanwhile starts at once; the prefill starts when the timer is due."""
