@@ -83,7 +83,9 @@ class FrameBuffer:
 
     Eviction makes room for a new frame when the window is full: by default the oldest
     frame goes; with ``bulk_eviction`` set (a warm prefix is kept), the oldest half goes
-    at once, so the prefix, which starts at the oldest frame, is rebuilt rarely.
+    at once, so the prefix, which starts at the oldest frame, is rebuilt rarely. ``hold``
+    frames more may come first (the session sets it while the window after that eviction is
+    not warm yet: ``window_slide``).
     """
 
     def __init__(self, max_frames: int) -> None:
@@ -91,6 +93,7 @@ class FrameBuffer:
             raise ValueError("max_frames must be at least 1")
         self.max_frames = max_frames
         self.bulk_eviction = False
+        self.hold = 0  # frames the window may hold past max_frames before it evicts
         self.evicted_total = 0
         self._window: deque[Frame] = deque()
         # Pinned frames that have left the window; released on their last unpin.
@@ -132,9 +135,9 @@ class FrameBuffer:
         if self._last_seq is not None and frame.seq <= self._last_seq:
             raise ValueError(f"frame seq {frame.seq} is not after {self._last_seq}")
         evicted: list[Frame] = []
-        if len(self._window) >= self.max_frames:
+        if len(self._window) >= self.max_frames + max(0, self.hold):
             count = max(1, self.max_frames // 2) if self.bulk_eviction else 1
-            # More than that if the window is over-full (never, unless max_frames shrank).
+            # More than that if the window is over-full (held past a hold, or max_frames shrank).
             count = max(count, len(self._window) - self.max_frames + 1)
             for _ in range(count):
                 old = self._window.popleft()

@@ -228,6 +228,7 @@ class SessionCore(Hearing, Planning, TimelinePrompts, WindowSlide):
     def accept_frame(self, event: VideoFrame, data: bytes, key: str, thumb: object, now_ms: float) -> FrameIntake:
         """Filter and buffer a frame whose bytes decoded; returns the ack and what was
         evicted. A buffered frame is the conversation's newest item."""
+        self.buffer.hold = self.slide_hold()
         intake = self.camera.accept(event, data, key, thumb, now_ms, self.items.tail)
         if intake.frame is not None:
             self.items.appended(frame_item(event.frame_id))

@@ -11,9 +11,11 @@ eviction waits for that. With one:
   it will be once the older frames have gone, with every frame buffered since) is prefilled,
   and again as frames come; the engine's prefix cache keeps it while questions and checks still
   go to the current window, which is warm;
-- the frame that finds the buffer full evicts the older half, as without a slide, and the
-  prompt the session asks on is then the one just warmed (up to the frames its last finished
-  prefill covered: a slide that could not finish in time still saves what it got to).
+- the frame that finds the buffer full evicts the older half, as without a slide, once the
+  next window is warm through the newest frame; until then the buffer holds up to
+  ``slide_margin`` frames more (never more than the engine's ``max_images``), so the switch
+  lands on a warm prompt. A slide still not warm at that bound switches anyway, on what its
+  last finished prefill covered.
 
 Each frame kept by a slide is prefilled twice (once in each window); an engine that shifts its
 prefix (``Capabilities.shifts_prefix``) evicts one frame at a time instead and needs none of this.
@@ -63,6 +65,18 @@ class WindowSlide:
         frames, half = self.buffer.frames, max(1, self.buffer.max_frames // 2)
         if len(frames) > half and len(frames) >= self.buffer.max_frames - self.slide_margin():
             self.slide = Slide(frames[half])
+
+    def slide_hold(self) -> int:
+        """Frames the buffer may take past ``max_frames`` before its eviction: none unless a
+        slide's next window is not warm through the newest frame yet; then up to the margin,
+        within the engine's image limit."""
+        slide, latest = self.slide, self.buffer.latest
+        if slide is None or latest is None or slide.warmed_through >= latest.seq:
+            return 0
+        room = self.slide_margin()
+        if self.capabilities.max_images is not None:
+            room = min(room, self.capabilities.max_images - self.buffer.max_frames)
+        return max(0, room)
 
     def next_slide_warm(self) -> WarmStep | None:
         """A prefill of the next window when frames came since its last one (its frames pinned

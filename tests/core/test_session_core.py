@@ -26,8 +26,8 @@ LIMITS = Limits(
 )
 
 
-def _core(warm: bool = False, **config) -> SessionCore:
-    core = SessionCore("s1", LIMITS, Capabilities(name="x", model="m", warm_prefix=warm))
+def _core(warm: bool = False, max_images: int | None = None, **config) -> SessionCore:
+    core = SessionCore("s1", LIMITS, Capabilities(name="x", model="m", warm_prefix=warm, max_images=max_images))
     core.configure(SessionConfig(**config))
     return core
 
@@ -219,9 +219,30 @@ def test_num_frames_without_warm_prefix() -> None:
     assert used == [0, 2, 4, 5]
 
 
+def test_a_slide_holds_the_eviction_until_the_next_window_is_warm_within_its_margin() -> None:
+    """An engine that cannot move its prefix: from 7 of 8 frames the next window (frames 4 on)
+    is warmed. Not warm yet, the 9th frame is held past max_frames (the margin: 1) and the 10th
+    evicts the older half anyway; warm through the newest frame, the 9th evicts at once."""
+    for warm_it, buffered in ((False, [9, 6]), (True, [5, 6])):
+        core = _core(warm=True, enable_frame_filter=False, max_frames=8)
+        for i in range(8):
+            _decoded(core, 300 + i, i)
+        core.warmed(core.next_warm())  # the current window is warm
+        if warm_it:
+            step = core.next_slide_warm()
+            assert step is not None and step.frames[0].seq == core.buffer.frames[4].seq
+            core.warmed(step)
+        sizes = []
+        for i in (8, 9):
+            _decoded(core, 300 + i, i)
+            sizes.append(len(core.buffer))
+        assert sizes == buffered, warm_it
+
+
 def test_eviction_folds_old_events_into_bounded_text() -> None:
     """Turns whose frames all left the window become text history, bounded in count and tokens."""
-    core = _core(warm=True, enable_frame_filter=False, max_frames=4)
+    # a window at the engine's image limit: no frame is held past it while the next one warms
+    core = _core(warm=True, max_images=4, enable_frame_filter=False, max_frames=4)
     for i in range(4):
         _decoded(core, 300 + i, i)
     _ask(core, "q1", "a" * 40)
