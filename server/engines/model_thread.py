@@ -193,12 +193,13 @@ class ModelThread:
             raise
         return job.future.result()
 
-    def close(self) -> None:
+    def close(self) -> threading.Thread | None:
         """Stop the thread once the jobs already given have run (it is a daemon: a server
-        that exits does not wait for it)."""
-        if self._thread is not None:
+        that exits does not wait for it); returns it, for a caller that will join it."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
             self._jobs.put((Priority.STOP, next(self._order), _STOP))
-            self._thread = None
+        return thread
 
 
 def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any,

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+import anyio
 import torch
 
 from server.engines.base import (
@@ -53,6 +54,7 @@ from server.engines.yes_no import answer_token_ids, yes_probability
 
 log = logging.getLogger("livesight.engines")
 T = TypeVar("T")
+CLOSE_JOIN_S = 10.0  # the longest ``close`` waits for the model thread's last job
 
 
 class TransformersEngine(Engine):
@@ -129,9 +131,13 @@ class TransformersEngine(Engine):
         log.info("transformers engine: %s (%s family) on %s", self.model_path, family, self.device)
 
     async def close(self) -> None:
+        """Clear the caches and stop the model thread, waiting up to ``CLOSE_JOIN_S`` for it (a
+        process that exits while it still frees tensors may abort)."""
         self.budget.clear()
         self.model = None
-        self._model_thread.close()
+        thread = self._model_thread.close()
+        if thread is not None:
+            await anyio.to_thread.run_sync(thread.join, CLOSE_JOIN_S)
 
     async def release(self, session_id: str) -> None:
         await self._run(self.budget.drop, session_id)
