@@ -72,11 +72,13 @@ SLOWEST_FIRST = (
     "heavy/server/test_watch_colours.py",
     "heavy/engines/test_engine_openai.py",
     "heavy/engines/test_engine_router.py",
-    "heavy/server/test_fairness.py",
     "heavy/engines/test_engine_check_vllm.py",
     "heavy/models/test_demo_model.py",
     "heavy/server/test_fuzz.py",
     "heavy/engines/test_engine_vllm.py",
+    # after the vLLM files: its sessions must not shed under two busy cores, which a vLLM
+    # starting on the other worker's side would add to
+    "heavy/server/test_fairness.py",
     "socket/realtime/test_realtime.py",
     "heavy/server/test_intake_faults.py",
     "heavy/models/test_colours.py",
