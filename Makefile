@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 .PHONY: setup venv system-deps serve test test-core bench demo-models clean
 
 # Debian packages the test suite drives (a real Chromium for the browser test, docker-compose
-# for the compose files' checks, HAProxy for the routing tests).
-APT_PACKAGES := chromium docker-compose haproxy
+# for the compose files' checks, HAProxy for the routing tests, a PostgreSQL server started per
+# run for the memory store's tests: tests/postgres_server.py).
+APT_PACKAGES := chromium docker-compose haproxy postgresql
 
 # `python3 -m venv` needs ensurepip, which Debian and Ubuntu package apart (python3.X-venv).
 VENV_PACKAGE = $(shell $(PY) -c 'import sys; print("python3.%d-venv" % sys.version_info[1])' 2>/dev/null || echo python3-venv)

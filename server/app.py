@@ -36,7 +36,8 @@ from server.auth import AccessPolicy, client_key, warn_if_open
 from server.drain import drain_sessions
 from server.engines.factory import create_engine
 from server.engines.base import Engine
-from server.memory import MemoryReturn, set_huge_pages
+from server.process_memory import MemoryReturn, set_huge_pages
+from server.memory.service import keyframe_response, memory_policy, moments_listing, open_memory, sweep_memory
 from server.logs import SessionLog
 from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
@@ -136,8 +137,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             await anyio.sleep(min(1.0, settings.resume_grace_s / 4))
             await parking.sweep()
 
+    recall_policy = memory_policy(settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with open_memory(settings) as remembered:
+            app.state.memory = remembered
+            async with _serving(app):
+                yield
+
+    @asynccontextmanager
+    async def _serving(app: FastAPI) -> AsyncIterator[None]:
         app.state.voice = create_voice(settings)  # checks the voice settings before anything loads
         app.state.engine = engine or create_engine(settings)
         await app.state.engine.start()
@@ -158,6 +168,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 if settings.resume_grace_s > 0:
                     tg.start_soon(sweep_parked)
                 tg.start_soon(metrics.watch_event_loop)
+                if app.state.memory is not None:
+                    tg.start_soon(app.state.memory.writer.run)
+                    tg.start_soon(sweep_memory, app.state.memory, settings.memory_max_age_s)
                 yield
                 tg.cancel_scope.cancel()
         finally:
@@ -213,6 +226,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             }
         )
 
+    @app.get("/v1/sessions/{session_id}/moments")
+    async def list_moments(session_id: str, request: Request) -> Response:
+        if not access.http_key(request.headers, request.query_params):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        return await moments_listing(app.state.memory, session_id, request.query_params)
+
+    @app.get("/v1/sessions/{session_id}/moments/{moment_id}.jpg")
+    async def moment_jpeg(session_id: str, moment_id: int, request: Request) -> Response:
+        if not access.http_key(request.headers, request.query_params):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        return await keyframe_response(app.state.memory, session_id, moment_id)
+
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:
         await serve(ws, V1Codec(settings.max_message_bytes), "video_chat")
@@ -249,6 +274,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             observer=Observers(metrics.session_observer(protocol), SessionLog(protocol)),
             parking=parking if settings.resume_grace_s > 0 else None,
             owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),
+            memory=app.state.memory, memory_policy=recall_policy,
         )
         sessions.add(session)
         try:

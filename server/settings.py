@@ -8,6 +8,7 @@ reads the environment.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +17,13 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MiB = 1024 * 1024
+
+
+def default_data_dir() -> Path:
+    """Where the server keeps what must outlive it (the memory store) unless ``data_dir`` says
+    otherwise: ``$XDG_DATA_HOME/livesight``, else ``~/.local/share/livesight``."""
+    base = os.environ.get("XDG_DATA_HOME")
+    return (Path(base) if base else Path.home() / ".local" / "share") / "livesight"
 
 
 def default_cache_dir() -> Path:
@@ -264,6 +272,33 @@ class Settings(BaseSettings):
     )
     native_audio_trim_ms: float = Field(
         20.0, ge=0, le=1000, description="cut from the start of each answer's engine audio (codec start-up artefact)"
+    )
+
+    # Memory: moments of what each session saw, kept in a database.
+    data_dir: Path = Field(default_factory=default_data_dir, description="where the memory store's SQLite file lives")
+    memory_url: str | None = Field(
+        None, description="the memory store: none = SQLite in data_dir, sqlite:///PATH, postgresql://..., or off"
+    )
+    memory_default: bool = Field(True, description="sessions remember unless their session.config says otherwise")
+    memory_keyframe_s: float = Field(10.0, gt=0, le=3600, description="a keyframe at least this often (and at each scene change)")
+    memory_min_keyframe_s: float = Field(
+        1.0, ge=0, le=3600, description="scene changes make a keyframe at most this often"
+    )
+    memory_scene_similarity: float = Field(
+        0.1, ge=0, le=1, description="a scene change: less than this share of the frame unchanged since the last keyframe"
+    )
+    memory_max_age_s: float = Field(7 * 86400.0, gt=0, description="moments and notes older than this are deleted")
+    memory_max_session_bytes: int = Field(
+        256 * MiB, ge=MiB, description="a session's stored bytes; past it its oldest moments are deleted"
+    )
+    memory_max_bytes: int = Field(
+        4096 * MiB, ge=MiB, description="the whole store's bytes, whole server; past it the oldest moments are deleted"
+    )
+    memory_max_pending_writes: int = Field(
+        512, ge=1, le=1_000_000, description="records waiting to be written, whole server; past it new ones are dropped"
+    )
+    memory_max_search_moments: int = Field(
+        3600, ge=1, le=100_000, description="moments one memory.search checks at most"
     )
 
     # Access control (off when api_keys is empty).

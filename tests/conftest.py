@@ -44,7 +44,7 @@ os.environ.setdefault("LIVESIGHT_INTAKE_MAX_WAIT_MS", "60000")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-pytest_plugins = ("tests.real_server", "tests.colours_models", "tests.vllm_servers")
+pytest_plugins = ("tests.real_server", "tests.colours_models", "tests.vllm_servers", "tests.postgres_server")
 
 #: The run's own temporary directory, removed when the run ends: every temporary file of the run
 #: goes there (pytest's tmp_path, and through TMPDIR what the servers, vLLM's IPC sockets and
@@ -52,6 +52,7 @@ pytest_plugins = ("tests.real_server", "tests.colours_models", "tests.vllm_serve
 SYSTEM_TMP = Path(tempfile.gettempdir())
 RUN_TMP = Path(tempfile.mkdtemp(prefix="livesight-tests-"))
 os.environ["TMPDIR"] = str(RUN_TMP)
+os.environ.setdefault("LIVESIGHT_DATA_DIR", str(RUN_TMP / "data"))  # the servers' memory stores
 tempfile.tempdir = str(RUN_TMP)
 _SYSTEM_TMP_BEFORE = frozenset(p.name for p in SYSTEM_TMP.iterdir())
 

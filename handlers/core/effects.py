@@ -27,9 +27,10 @@ from typing import Literal, Union
 from handlers.core.answer import Answer, Outcome
 from handlers.core.events import ErrorReported, Event
 from handlers.core.jobs import CheckStep, WarmStep
+from handlers.core.memory import RecalledMoment, SearchRun, TextFound
 from handlers.media.preparation import PreparedFrame
 from handlers.wire.errors import Origin, SessionError
-from handlers.wire.protocol import VideoFrame
+from handlers.wire.protocol import VideoFrame, VideoQuery
 from server.engines.base import EngineEvent, Prompt
 
 
@@ -165,7 +166,44 @@ class HeldTranscribed:
     transcript: str
 
 
-Result = Union[Prepared, Warmed, Checked, Transcribed, Generated, Spoken, Ended, SpeechDetected, HeldTranscribed]
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """``Recall``'s moments, read back from the store (oldest first)."""
+
+    event: VideoQuery
+    received: float
+    moments: list[RecalledMoment]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFound:
+    """``FindMemory``'s answer: the range's moments (without keyframes) when the search has a
+    condition, and the text hits when it has a text."""
+
+    run: SearchRun
+    moments: list[RecalledMoment]
+    text: list[TextFound]
+
+
+@dataclass(frozen=True, slots=True)
+class MomentsLoaded:
+    """``LoadMoments``'s keyframes (a moment gone from the store meanwhile is left out)."""
+
+    run: SearchRun
+    moments: list[RecalledMoment]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryForgotten:
+    """``ForgetMemory`` done: ``deleted`` records gone."""
+
+    deleted: int
+
+
+Result = Union[
+    Prepared, Warmed, Checked, Transcribed, Generated, Spoken, Ended, SpeechDetected, HeldTranscribed, Recalled,
+    MemoryFound, MomentsLoaded, MemoryForgotten,
+]
 
 
 # ---------------------------------------------------------------------------- effects
@@ -294,6 +332,60 @@ class TranscribeHeld:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepMoment:
+    """Store a keyframe: the frame's bytes as received (kept as the model sees it: at most
+    ``side`` pixels a side, JPEG), received at ``at_ms`` (wall clock). Off the loop; never
+    waited for."""
+
+    data: bytes
+    at_ms: float
+    side: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeepNote:
+    """Store a note of the session (a question, an answer, a transcript, a watch's fire)."""
+
+    kind: Literal["transcript", "question", "answer", "fire"]
+    at_ms: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """Read at most ``n`` keyframes spread over ``from_ms``..``to_ms`` for a question about
+    the past; report ``Recalled``. In the lane."""
+
+    event: VideoQuery
+    received: float
+    from_ms: float
+    to_ms: float
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class FindMemory:
+    """Start a search: list its range's moments (for its condition, at most ``limit``) and
+    run its text search; report ``MemoryFound``."""
+
+    run: SearchRun
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadMoments:
+    """Read the keyframes of a search's next batch; report ``MomentsLoaded``."""
+
+    run: SearchRun
+    moments: list[RecalledMoment]
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetMemory:
+    """Delete everything the session remembers; report ``MemoryForgotten``. In the lane."""
+
+
+@dataclass(frozen=True, slots=True)
 class Timer:
     """Report a ``Tick`` at ``at`` (``now``'s clock); None: no tick is wanted."""
 
@@ -307,7 +399,8 @@ class EndSession:
 
 Effect = Union[
     Send, Tally, Prepare, Prefill, Check, StartAnswer, Generate, Speak, Stop, DetectSpeech, ResetVad,
-    ListenStart, ListenFeed, StopListening, TranscribeHeld, Timer, EndSession,
+    ListenStart, ListenFeed, StopListening, TranscribeHeld, Timer, EndSession, KeepMoment, KeepNote, Recall,
+    FindMemory, LoadMoments, ForgetMemory,
 ]
 
 

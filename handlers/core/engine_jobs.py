@@ -60,6 +60,8 @@ class EngineJobs:
                 slot.warm()
                 self._job, self._slid_at = step, now.s
                 return [Prefill(step)]
+        if self._search is not None and self._search.batch:  # a memory search: last, between the others
+            return self._search_round()
         return self._set_timer(min(later, default=None))
 
     def _set_timer(self, at: float | None) -> list[Effect]:
@@ -93,9 +95,12 @@ class EngineJobs:
     def _checked(self, result: Checked, now: Now) -> list[Effect]:
         """A round of checks ended: unless a question stopped it, its decisions are sent, and the
         first fire is answered when nothing else is asked (the others fire at their next check)."""
+        if result.step.search is not None:
+            return self._search_checked(result, now)
         preempted = self.state.slot.state is not SlotState.WARMING
         decisions = self.state.checked(result.step, None if preempted else result.results, now.s, now.wall_ms)
         effects: list[Effect] = [Tally("checks", decisions.checks), Tally("skipped", decisions.skipped)]
+        effects += self._keep_fires(decisions.events, now)
         self._job = None
         self.state.slot.warmed()
         if self.state.slot.may_generate:  # a question came first: the watch is checked again after it

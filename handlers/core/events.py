@@ -43,6 +43,12 @@ The microphone:
     AudioCommitted, AudioCleared   the buffered audio became an item, or was dropped
     IdleTimeout                    nobody spoke after an answer: an answer starts by itself
 
+Memory:
+
+    MemoryProgress      a search with a condition: moments checked so far
+    MemoryResults       what a search found
+    MemoryCleared       the session's memory was deleted
+
 Conversation items:
 
     InputAdded, ItemDeleted, ItemRetrieved, ItemTruncated
@@ -397,3 +403,41 @@ class ItemTruncated(Event):
     item_id: str
     content_index: int
     audio_end_ms: int
+
+
+class MemoryProgress(Event):
+    """A memory search with a condition: ``checked`` of ``total`` moments so far."""
+
+    search_id: str | None = None
+    checked: int
+    total: int
+
+
+class MemoryHit(BaseModel):
+    """One remembered moment a search found (see ``MemoryResults``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    moment_id: int
+    start_ms: float
+    end_ms: float
+    probability: float | None = None
+    match: str | None = None
+    kind: str | None = None
+    caption: str | None = None
+    url: str
+
+
+class MemoryResults(Event):
+    """What a memory search found, best first; ``skipped``: moments whose check did not run."""
+
+    search_id: str | None = None
+    results: list[MemoryHit]
+    checked: int = 0
+    skipped: int = 0
+
+
+class MemoryCleared(Event):
+    """The session's memory was deleted: ``deleted`` records."""
+
+    deleted: int

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from handlers.core.frames import Frame
+from handlers.core.memory import SearchRun
 from server.engines.base import Prompt
 
 
@@ -14,11 +15,13 @@ from server.engines.base import Prompt
 class CheckStep:
     """One round of watch checks the executor runs for the core: one prompt per watch (the
     timeline as warmed, plus the watch's question), over ``frames`` (pinned until
-    ``SessionCore.checked``); ``frame`` is the newest, the one the round decides about."""
+    ``SessionCore.checked``); ``frame`` is the newest, the one the round decides about. A
+    memory search's round (``search``) asks its condition of each of its moments' keyframes."""
 
     frames: list[Frame]
     prompts: list[tuple[str, Prompt]]
     frame: Frame | None
+    search: SearchRun | None = None  # a memory search's round: one prompt per remembered moment
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,10 @@ from handlers.core.effects import (
     Generated,
     Handle,
     HeldTranscribed,
+    MemoryForgotten,
+    MemoryFound,
+    MomentsLoaded,
+    Recalled,
     Input,
     Now,
     Opened,
@@ -67,14 +71,18 @@ from handlers.core.events import ErrorReported, Pong, SessionDone, SessionReady
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.lifecycle import SlotState
 from handlers.core.native_audio import NativeAudioTrim
-from handlers.core.negotiation import Limits, VoicePaths
+from handlers.core.negotiation import Limits, MemoryPolicy, VoicePaths
 from handlers.core.session_core import Phase, SessionCore
 from handlers.core.engine_jobs import EngineJobs
+from handlers.core.memory import Keyframes, SearchRun
+from handlers.core.memory_decisions import MemoryDecisions
 from handlers.core.speech_decisions import SpeechDecisions
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio, Command
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.protocol import (
     AudioChunkIn,
+    MemoryClear,
+    MemorySearch,
     Ping,
     ResponseCancel,
     SessionConfig,
@@ -104,7 +112,7 @@ class _Asked:
     take_listening: bool
 
 
-class SessionMachine(SpeechDecisions, EngineJobs):
+class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
     """One session's decisions (see the module docstring)."""
 
     #: What an executor calls.
@@ -117,7 +125,7 @@ class SessionMachine(SpeechDecisions, EngineJobs):
 
     def __init__(
         self, session_id: str, limits: Limits, capabilities: Capabilities, voice: VoicePaths | None = None,
-        source: Source | None = None, *, state: SessionCore | None = None,
+        source: Source | None = None, *, state: SessionCore | None = None, memory: MemoryPolicy | None = None,
     ) -> None:
         self.state = state or SessionCore(session_id, limits, capabilities, voice)
         self.source = source or Source()
@@ -132,6 +140,9 @@ class SessionMachine(SpeechDecisions, EngineJobs):
         self._timer: float | None = None
         self._warmed_at = self._slid_at = float("-inf")  # the last prefill of the prefix / of the next window started
         self._ending = False  # video.done is handled: the session closes after its last answer
+        self._memory = memory  # the server's memory policy; None: it keeps no memory
+        self._keyframes: Keyframes | None = None  # set when this session remembers
+        self._search: SearchRun | None = None  # the memory search under way
 
     @classmethod
     def over(cls, state: SessionCore, source: Source | None = None) -> SessionMachine:
@@ -200,7 +211,9 @@ class SessionMachine(SpeechDecisions, EngineJobs):
     # ------------------------------------------------------------------ configuration
     def configure(self, config: SessionConfig) -> SessionReady:
         """Apply the first message; returns ``SessionReady``. Raises ``invalid_config``."""
-        return self.state.configure(config)
+        ready = self.state.configure(config)
+        self._remembering(config.memory.enabled)
+        return ready
 
     def resumed(self, first: SessionReady) -> SessionReady:
         """Taken back by its client: the ``SessionReady`` to send (its buffered frames, all
@@ -297,8 +310,14 @@ class SessionMachine(SpeechDecisions, EngineJobs):
             return [Prepare(event, self.state.image_side(event), item.received, receive_ms)]
         if isinstance(event, AudioChunkIn):
             return self._audio(event)
+        if isinstance(event, VideoQuery) and event.range is not None:
+            return self._wait_or(event, now, lambda later: self._recall(event, item.received, later))
         if isinstance(event, VideoQuery):
             return self._wait_or(event, now, lambda later: self._query(event, item.received, later))
+        if isinstance(event, MemorySearch):
+            return self._search_memory(event, now)
+        if isinstance(event, MemoryClear):
+            return self._forget()
         if isinstance(event, AnswerRequest):
             self.answers_asked -= 1
             running = self.state.running
@@ -394,7 +413,8 @@ class SessionMachine(SpeechDecisions, EngineJobs):
     def _transcribed(self, result: Transcribed, now: Now) -> list[Effect]:
         answer = result.answer
         event = answer.transcribed(result.transcript)
-        return [Send(event), Generate(answer, self.state.query_prompt(answer))]
+        kept = self._keep_note("transcript", now, result.transcript)
+        return [Send(event), *kept, Generate(answer, self.state.query_prompt(answer))]
 
     def _generated(self, result: Generated, now: Now) -> list[Effect]:
         answer, out = result.answer, result.output
@@ -415,6 +435,7 @@ class SessionMachine(SpeechDecisions, EngineJobs):
         self._trims.pop(id(result.answer), None)
         effects: list[Effect] = [Send(e) for e in self.state.end_answer(result.answer, result.outcome, now.s,
                                                                         result.error_code)]
+        effects += self._keep_answer(result.answer, now)
         while self._waiting and self.state.running is None and not self._ending:
             event, go = self._waiting.popleft()
             effects += self._guarded(event, lambda go=go: go(now))
@@ -427,6 +448,8 @@ class SessionMachine(SpeechDecisions, EngineJobs):
                                  Tally("evicted", len(intake.evicted))]
         if intake.ack is not None:
             effects.append(Send(intake.ack))
+        if intake.frame is not None:
+            effects += self._keep_frame(result.event, result.frame, intake.frame.receive_ts_ms)
         return effects + self._next_work(now)
 
     _results: dict[type, Callable[[SessionMachine, object, Now], list[Effect]]] = {
@@ -439,4 +462,8 @@ class SessionMachine(SpeechDecisions, EngineJobs):
         Ended: _ended,
         SpeechDetected: SpeechDecisions._speech,
         HeldTranscribed: SpeechDecisions._held,
+        Recalled: MemoryDecisions._recalled,
+        MemoryFound: MemoryDecisions._memory_found,
+        MomentsLoaded: MemoryDecisions._moments_loaded,
+        MemoryForgotten: MemoryDecisions._forgotten,
     }

@@ -36,6 +36,20 @@ class Limits:
     min_check_interval_ms: float = 250.0
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryPolicy:
+    """The server's memory settings a session needs: whether sessions remember unless they
+    say (``default``), how often a keyframe is kept at least (``keyframe_s``) and at most
+    (``min_keyframe_s``, for scene changes), what a scene change is, how many moments one
+    search may check."""
+
+    default: bool = True
+    keyframe_s: float = 10.0
+    min_keyframe_s: float = 1.0
+    scene_similarity: float = 0.1
+    max_search_moments: int = 3600
+
+
 def _any_voice(voice: str) -> bool:
     return True
 

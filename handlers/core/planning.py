@@ -175,6 +175,15 @@ class Planning:
         answer.in_conversation = request.in_conversation
         return answer
 
+    def plan_recall(self, frames: list[Frame], question: str) -> Answer:
+        """An answer about the past: over remembered ``frames`` (out of the window) and the
+        question only, out of the conversation, so the warm prefix and the timeline stay as
+        they are."""
+        answer = self._plan(frames, question, None)
+        answer.context = [InputMessage(role="user", text=question)]
+        answer.in_conversation = False
+        return answer
+
     def plan_watch(self, fire: Fire) -> Answer:
         """The answer to a fired watch: over the buffered frames, asked its watch's question,
         marked with its trigger. Raises ``no_frames``."""

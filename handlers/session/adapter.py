@@ -33,10 +33,11 @@ from anyio.abc import TaskGroup
 from handlers.core.effects import Closed, FrameShed, Handle, Now, Opened, Read
 from handlers.core.events import Event, SessionClosing, SessionReady
 from handlers.core.machine import CONTROL, Phase, SessionMachine, Source, error_event
-from handlers.core.negotiation import Limits, opening_config
+from handlers.core.negotiation import Limits, MemoryPolicy, opening_config
 from handlers.core.rate_limit import ControlBudget, ControlLimits, Verdict
 
 from handlers.session import log_context
+from handlers.session.memory_jobs import Memory
 from handlers.session.executor import Executor
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import SessionObserver
@@ -76,7 +77,7 @@ class Session:
         codec: WireCodec | None = None,
         *, intake: IntakeLimits | None = None, read_ahead: ReadAhead | None = None, admission: Admission | None = None,
         observer: SessionObserver | None = None, parking: ParkingLot | None = None, owner: str = "",
-        control: ControlLimits | None = None,
+        control: ControlLimits | None = None, memory: Memory | None = None, memory_policy: MemoryPolicy | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.intake = intake or IntakeLimits()
@@ -96,7 +97,9 @@ class Session:
         self.core = SessionMachine(
             self.id, limits, engine.capabilities, voice_paths(engine.capabilities, voice),
             Source(commits_audio=self.codec.commits_audio, native_trim_ms=self.voice.native_trim_ms),
+            memory=memory_policy if memory is not None else None,
         )
+        self.memory = memory
         self.config_timeout_s = config_timeout_s
         self._send_lock = asyncio.Lock()  # anyio's costs ~40 us a frame on the event loop
         self._changed = anyio.Event()  # set, and replaced, when a lane may look again
@@ -138,7 +141,8 @@ class Session:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self.executor = Executor(self.core, self.engine, self.voice, tg, send=self.send,
-                                         end=tg.cancel_scope.cancel, wake=self._wake, observer=self.observer, intake=self.intake)
+                                         end=tg.cancel_scope.cancel, wake=self._wake, observer=self.observer, intake=self.intake,
+                                         memory=self.memory)
                 if not self.core.warm_prefix and self.core.config.prefix_warmup:
                     log.info("session %s: no prefix warmup, engine %r cannot keep a prefix",
                              self.id[:8], self.engine.capabilities.name)

@@ -25,6 +25,12 @@ from handlers.core.answer import Answer, Outcome
 from handlers.core.effects import (
     Check,
     Checked,
+    FindMemory,
+    ForgetMemory,
+    KeepMoment,
+    KeepNote,
+    LoadMoments,
+    Recall,
     DetectSpeech,
     Effect,
     Ended,
@@ -62,6 +68,7 @@ from handlers.core.machine import SessionMachine, error_event
 from handlers.media.preparation import decode_prepared, prepare_frame
 from handlers.session import log_context
 from handlers.session.intake import IntakeLimits
+from handlers.session.memory_jobs import Memory, MemoryJobs
 from handlers.session.observer import SessionObserver
 from handlers.session.transport import Disconnected
 from handlers.session.voice import Listening, SpokenAnswer
@@ -73,7 +80,7 @@ from server.speech.base import SpeechError, VadStream, Voice
 log = logging.getLogger("livesight.session")
 
 
-class Executor:
+class Executor(MemoryJobs):
     """Runs one session's effects (see the module docstring). ``send`` delivers an event;
     ``end`` is called for ``EndSession``; ``wake`` after every step of the core (whoever
     waits on its surface looks again)."""
@@ -81,9 +88,10 @@ class Executor:
     def __init__(
         self, core: SessionMachine, engine: Engine, voice: Voice, tg: TaskGroup, *,
         send: Callable[[Event], Awaitable[None]], end: Callable[[], None], wake: Callable[[], None] = lambda: None,
-        observer: SessionObserver | None = None, intake: IntakeLimits | None = None,
+        observer: SessionObserver | None = None, intake: IntakeLimits | None = None, memory: Memory | None = None,
     ) -> None:
         self.core, self.engine, self.voice, self._tg = core, engine, voice, tg
+        self.memory = memory
         self._send, self._end, self._wake = send, end, wake
         self.observer = observer or SessionObserver()
         self.intake = intake or IntakeLimits()
@@ -382,4 +390,7 @@ class Executor:
         StartAnswer: _start_answer, Speak: _speak, Stop: _stop, DetectSpeech: _detect, ResetVad: _reset_vad,
         ListenStart: _listen_start, ListenFeed: _listen_feed, StopListening: _stop_listening,
         TranscribeHeld: _transcribe_held, Timer: _timer, EndSession: _end_session, Generate: _stray,
+        KeepMoment: MemoryJobs._keep, KeepNote: MemoryJobs._keep, Recall: MemoryJobs._recall,
+        FindMemory: MemoryJobs._find_memory, LoadMoments: MemoryJobs._load_moments,
+        ForgetMemory: MemoryJobs._forget_memory,
     }

@@ -166,6 +166,28 @@ class WatchSpec(BaseModel):
         return self
 
 
+class MemorySettings(BaseModel):
+    """``session.config.memory``: whether the session keeps moments of what it saw (None:
+    the server's default, ``memory_default``)."""
+
+    model_config = _STRICT
+
+    enabled: bool | None = None
+
+
+#: Wall-clock times of memory (ms since the epoch; a negative value is that long before now).
+MemoryTime = Annotated[float, Field(ge=-1e13, le=1e14)]
+
+
+class TimeRange(BaseModel):
+    """A span of the session's past: ``from_ms`` to ``to_ms`` (absent: now)."""
+
+    model_config = _STRICT
+
+    from_ms: MemoryTime
+    to_ms: MemoryTime | None = None
+
+
 class SessionConfig(_ClientEvent):
     """``session.config``: the first message of every session."""
 
@@ -189,6 +211,7 @@ class SessionConfig(_ClientEvent):
     prefix_warmup: bool = True
     resume_token: str | None = Field(None, max_length=200)
     watches: list[WatchSpec] = Field(default_factory=list, max_length=64)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -243,6 +266,38 @@ class VideoQuery(_ClientEvent):
     type: Literal["video.query"]
     text: str = Field("", max_length=MAX_QUESTION_CHARS)
     audio_data: str | None = None
+    #: Ask about the past: the prompt shows that range's remembered moments, not the window.
+    range: TimeRange | None = None
+
+
+SearchId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class MemorySearch(_ClientEvent):
+    """``memory.search``: the session's remembered moments where ``condition`` (a yes/no
+    question, checked on each moment's keyframe) holds, and/or whose captions, transcripts,
+    questions or answers contain ``text``, between ``from_ms`` and ``to_ms``."""
+
+    type: Literal["memory.search"]
+    search_id: SearchId | None = None
+    condition: str | None = Field(None, min_length=1, max_length=1_000)
+    text: str | None = Field(None, min_length=1, max_length=500)
+    from_ms: MemoryTime | None = None
+    to_ms: MemoryTime | None = None
+    limit: int = Field(20, ge=1, le=200)
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _asks_something(self) -> MemorySearch:
+        if not (self.condition or "").strip() and not (self.text or "").strip():
+            raise ValueError("give a condition, a text, or both")
+        return self
+
+
+class MemoryClear(_ClientEvent):
+    """``memory.clear``: forget everything the session remembers (deleted from the store)."""
+
+    type: Literal["memory.clear"]
 
 
 class ResponseCancel(_ClientEvent):
@@ -281,13 +336,13 @@ class WatchDelete(_ClientEvent):
 
 ClientEvent = Annotated[
     VideoFrame | AudioChunkIn | VideoQuery | ResponseCancel | VideoDone | Ping | SessionConfig
-    | WatchCreate | WatchUpdate | WatchDelete,
+    | WatchCreate | WatchUpdate | WatchDelete | MemorySearch | MemoryClear,
     Field(discriminator="type"),
 ]
 _client_event = TypeAdapter(ClientEvent)
 CLIENT_TYPES = frozenset(
     {"session.config", "video.frame", "audio.chunk", "video.query", "response.cancel", "video.done", "ping",
-     "watch.create", "watch.update", "watch.delete"}
+     "watch.create", "watch.update", "watch.delete", "memory.search", "memory.clear"}
 )
 
 

@@ -94,6 +94,9 @@ V1_MESSAGES: dict[type[ev.Event], type[v1.ServerEvent]] = {
     ev.WatchChecked: v1.WatchCheck,
     ev.WatchFired: v1.WatchFired,
     ev.WatchCleared: v1.WatchCleared,
+    ev.MemoryProgress: v1.MemoryProgress,
+    ev.MemoryResults: v1.MemoryResults,
+    ev.MemoryCleared: v1.MemoryCleared,
 }
 
 

@@ -35,6 +35,8 @@ class ErrorCode(StrEnum):
     RESUME_FAILED = "resume_failed"
     RATE_LIMITED = "rate_limited"
     INVALID_WATCH = "invalid_watch"
+    MEMORY_OFF = "memory_off"
+    MEMORY_BUSY = "memory_busy"
     UNKNOWN_WATCH = "unknown_watch"
     TOO_MANY_WATCHES = "too_many_watches"
     TOO_MANY_MESSAGES = "too_many_messages"

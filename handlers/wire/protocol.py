@@ -10,7 +10,7 @@ Client -> server (JSON text messages, each an object with a ``type``):
     video.frame      data (base64 JPEG/PNG/WebP), frame_id, pts_ms, source_pts_ms,
                      capture_ts_ms, quality_profile, detail (low / high / auto)
     audio.chunk      data (base64 PCM16 LE, 16 kHz, mono)
-    video.query      text, audio_data
+    video.query      text, audio_data, range (from_ms, to_ms: ask about remembered moments)
     response.cancel  stop the running answer
     video.done       finish after the running answer
     ping
@@ -19,6 +19,8 @@ Client -> server (JSON text messages, each an object with a ``type``):
                      response (instructions, max_tokens), report_checks
     watch.update     watch_id and the fields to change
     watch.delete     watch_id
+    memory.search    search_id, condition and/or text, from_ms, to_ms, limit, threshold
+    memory.clear     forget what the session remembers
 
 Server -> client:
 
@@ -29,6 +31,7 @@ Server -> client:
     input_audio.speech_started, input_audio.speech_stopped   (server turn detection)
     input_audio.transcript                                    (a spoken question as text)
     watch.created, watch.updated, watch.deleted, watch.check, watch.fired, watch.cleared
+    memory.progress, memory.results, memory.cleared
 
 Where each part lives (every name is importable from here too):
 
@@ -53,6 +56,9 @@ from handlers.wire.client_events import (
     CLIENT_TYPES,
     AudioChunkIn,
     ClientEvent,
+    MemoryClear,
+    MemorySearch,
+    MemorySettings,
     Ping,
     ResponseCancel,
     SamplingConfig,
@@ -98,6 +104,10 @@ from handlers.wire.server_events import (
     ServerEvent,
     SessionClosing,
     SessionDone,
+    MemoryCleared,
+    MemoryProgress,
+    MemoryResult,
+    MemoryResults,
     SessionReady,
     Timings,
     UsageInfo,
@@ -128,6 +138,9 @@ __all__ = [
     "WatchCreate",
     "WatchUpdate",
     "WatchDelete",
+    "MemorySettings",
+    "MemorySearch",
+    "MemoryClear",
     "ClientEvent",
     "CLIENT_TYPES",
     "parse_client_event",
@@ -156,6 +169,10 @@ __all__ = [
     "WatchCheck",
     "WatchFired",
     "WatchCleared",
+    "MemoryProgress",
+    "MemoryResult",
+    "MemoryResults",
+    "MemoryCleared",
     "InputAudioSpeechStarted",
     "InputAudioSpeechStopped",
     "InputAudioTranscript",

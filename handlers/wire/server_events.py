@@ -194,6 +194,46 @@ class WatchCleared(ServerEvent):
     probability: float
 
 
+class MemoryProgress(ServerEvent):
+    """A ``memory.search`` with a condition: ``checked`` of ``total`` moments so far."""
+
+    type: Literal["memory.progress"] = "memory.progress"
+    search_id: str | None = None
+    checked: int
+    total: int
+
+
+class MemoryResult(BaseModel):
+    """One remembered moment a search found: its span (wall clock, ms), the condition's
+    probability on its keyframe or the text that matched, its caption, and its keyframe."""
+
+    moment_id: int
+    start_ms: float
+    end_ms: float
+    probability: float | None = None
+    match: str | None = None
+    kind: str | None = None
+    caption: str | None = None
+    url: str
+
+
+class MemoryResults(ServerEvent):
+    """What a ``memory.search`` found, best first (by probability, else newest first)."""
+
+    type: Literal["memory.results"] = "memory.results"
+    search_id: str | None = None
+    results: list[MemoryResult]
+    checked: int = 0
+    skipped: int = 0
+
+
+class MemoryCleared(ServerEvent):
+    """``memory.clear`` done: ``deleted`` records are gone from the store."""
+
+    type: Literal["memory.cleared"] = "memory.cleared"
+    deleted: int
+
+
 class InputAudioSpeechStarted(ServerEvent):
     """Server turn detection heard speech start (ms since the session's first audio sample)."""
 
@@ -271,7 +311,10 @@ AnyServerEvent = Annotated[
     | WatchDeleted
     | WatchCheck
     | WatchFired
-    | WatchCleared,
+    | WatchCleared
+    | MemoryProgress
+    | MemoryResults
+    | MemoryCleared,
     Field(discriminator="type"),
 ]
 _server_event = TypeAdapter(AnyServerEvent)

@@ -46,6 +46,7 @@ from handlers.core.effects import (
 )
 from handlers.core.jobs import CheckStep, WarmStep
 from handlers.core.machine import SessionMachine, Source
+from handlers.core.negotiation import MemoryPolicy
 from handlers.core.negotiation import Limits, VoicePaths
 from handlers.media.preparation import ImageLimits, prepare_frame
 from handlers.wire.protocol import SessionConfig, VideoFrame, parse_client_event
@@ -60,14 +61,14 @@ LIMITS = Limits(
 
 def machine(
     *, warm: bool = True, probabilities: bool = True, voice: VoicePaths | None = None, source: Source | None = None,
-    limits: Limits = LIMITS, pace: float = 0.0, **config: object,
+    limits: Limits = LIMITS, pace: float = 0.0, memory_policy: MemoryPolicy | None = None, **config: object,
 ) -> SessionMachine:
     """A configured core: an engine that keeps a warm prefix and reads token probabilities
-    unless told otherwise (``pace``: its warm interval), with ``config`` as the client's
-    ``session.config``."""
+    unless told otherwise (``pace``: its warm interval; ``memory_policy``: the server's memory,
+    none by default), with ``config`` as the client's ``session.config``."""
     capabilities = Capabilities(name="x", model="m", warm_prefix=warm, token_probabilities=probabilities,
                                 warm_interval_s=pace)
-    core = SessionMachine("s1", limits, capabilities, voice or VoicePaths(), source)
+    core = SessionMachine("s1", limits, capabilities, voice or VoicePaths(), source, memory=memory_policy)
     core.configure(SessionConfig(**config))
     return core
 

@@ -1,5 +1,5 @@
 """A machine just booted: the monotonic clock a few seconds from zero (a time namespace set back
-with ``unshare --time``), and the core tier, the memory tests (server/memory.py) among it, run
+with ``unshare --time``), and the core tier, the memory tests (server/process_memory.py) among it, run
 under it.
 
 ``time.monotonic()`` counts from boot, so code that takes 0.0 for "never" passes on a machine
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 #: How long ago the namespace's machine booted, as its processes start.
 BOOTED_S_AGO = 2
 #: The memory test that a clock near zero once broke; it must run in the booted tier.
-MEMORY_TEST = ("tests.core.server.test_memory", "test_trims_while_sessions_remain_at_most_once_per_interval")
+MEMORY_TEST = ("tests.core.server.test_process_memory", "test_trims_while_sessions_remain_at_most_once_per_interval")
 
 # In the namespace: print the clock, then become the pytest run (same process, same clock).
 PROBE_THEN_RUN = """

@@ -1,4 +1,4 @@
-"""When freed memory goes back to the OS (``server/memory.py``): a full collection only once the
+"""When freed memory goes back to the OS (``server/process_memory.py``): a full collection only once the
 last session has closed, never while others stream, and never skipped for the last one."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 import anyio
 import pytest
 
-from server import memory
-from server.memory import MemoryReturn
+from server import process_memory as memory
+from server.process_memory import MemoryReturn
 
 pytestmark = pytest.mark.anyio
 

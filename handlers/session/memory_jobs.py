@@ -1,0 +1,178 @@
+"""The session's memory jobs: what the core says to keep goes to the server's one
+``MemoryWriter`` (in order, off the loop, bounded: past ``max_pending`` a record is dropped
+and counted, the session never waits for the disk); what it asks to read is read from the
+store and handed back as a job's result (``Executor`` inherits ``MemoryJobs``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from handlers.core.effects import (
+    FindMemory,
+    ForgetMemory,
+    KeepMoment,
+    KeepNote,
+    LoadMoments,
+    MemoryForgotten,
+    MemoryFound,
+    MomentsLoaded,
+    Recall,
+    Recalled,
+    RecalledMoment,
+    Result,
+    TextFound,
+)
+
+from handlers.core.machine import SessionMachine
+from handlers.media.keyframe import jpeg_size, keyframe_jpeg
+from handlers.wire.errors import ErrorCode, Origin, SessionError
+from server import blocking
+from server.memory.store import MemoryStore, Moment
+
+log = logging.getLogger("livesight.memory")
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    session_id: str
+    effect: KeepMoment | KeepNote
+
+
+class MemoryWriter:
+    """The server's writes to its memory store, one at a time in the order they were asked
+    (a moment's end is the next one's start), from a queue of at most ``max_pending``
+    records; run ``run`` for the server's life."""
+
+    def __init__(self, store: MemoryStore, max_pending: int) -> None:
+        self.store = store
+        self._send, self._receive = anyio.create_memory_object_stream[_Record](max_pending)
+        self.written = 0
+        self.dropped = 0
+        self.failed = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    def put(self, session_id: str, effect: KeepMoment | KeepNote) -> bool:
+        """Queue a record; False (counted in ``dropped``) when the queue is full."""
+        try:
+            self._send.send_nowait(_Record(session_id, effect))
+        except anyio.WouldBlock:
+            self.dropped += 1
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                log.warning("memory writes are behind: %d records dropped so far", self.dropped)
+            return False
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        return True
+
+    @property
+    def pending(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+    async def run(self) -> None:
+        async with self._receive:
+            while True:
+                if not self.pending:
+                    self._idle.set()
+                record = await self._receive.receive()
+                try:
+                    await self._write(record)
+                    self.written += 1
+                except (OSError, ValueError, RuntimeError) as exc:  # a bad frame or a store failure: counted
+                    self.failed += 1
+                    log.warning("memory write failed for session %s: %s", record.session_id[:8], exc)
+
+    async def flush(self) -> None:
+        """Wait until every queued record is written (or failed)."""
+        while not (self._idle.is_set() and not self.pending):
+            await self._idle.wait()
+
+    async def _write(self, record: _Record) -> None:
+        effect = record.effect
+        if isinstance(effect, KeepMoment):
+            jpeg, _size = await blocking.run_blocking(keyframe_jpeg, effect.data, effect.side)
+            await self.store.add_moment(record.session_id, effect.at_ms, jpeg)
+        else:
+            await self.store.add_note(record.session_id, effect.kind, effect.at_ms, effect.text)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What a session's memory jobs use: the server's store and its writer."""
+
+    store: MemoryStore
+    writer: MemoryWriter
+
+
+def _recalled(moment: Moment, jpeg: bytes = b"") -> RecalledMoment:
+    size = jpeg_size(jpeg) if jpeg else (0, 0)
+    return RecalledMoment(moment.moment_id, moment.start_ms, moment.end_ms, jpeg, size, moment.caption)
+
+
+class MemoryJobs:
+    """The executor's memory half (its state: ``memory``, ``core``, ``_tg``; ``result`` hands
+    the core a job's result)."""
+
+    memory: Memory | None
+    core: SessionMachine
+    result: Callable[[Result, Origin | None], Awaitable[None]]
+
+    def _store(self) -> MemoryStore:
+        if self.memory is None:
+            raise SessionError(ErrorCode.MEMORY_OFF, "this server keeps no memory")
+        return self.memory.store
+
+    async def _keep(self, effect: KeepMoment | KeepNote, origin: Origin | None) -> None:
+        if self.memory is not None:
+            self.memory.writer.put(self.core.session_id, effect)
+
+    async def _recall(self, effect: Recall, origin: Origin | None) -> None:
+        """A question's range read back, in its lane."""
+        found = await self._store().spread(self.core.session_id, effect.from_ms, effect.to_ms, effect.n)
+        moments = await blocking.run_blocking(lambda: [_recalled(m, jpeg) for m, jpeg in found])
+        await self.result(Recalled(effect.event, effect.received, moments), origin)
+
+    async def _find_memory(self, effect: FindMemory, origin: Origin | None) -> None:
+        """A search's range listed and its text searched, in its lane."""
+        store, session, run = self._store(), self.core.session_id, effect.run
+        listed: list[RecalledMoment] = []
+        text: list[TextFound] = []
+        if run.event.condition:
+            moments = await store.moments(session, run.from_ms, run.to_ms, limit=effect.limit)
+            listed = [_recalled(m) for m in moments]
+        if run.event.text:
+            hits = await store.search_text(session, run.event.text, run.from_ms, run.to_ms, limit=effect.limit)
+            text = [TextFound(h.at_ms, h.kind, h.text, None if h.moment is None else _recalled(h.moment))
+                    for h in hits]
+        await self.result(MemoryFound(run, listed, text), origin)
+
+    async def _load_moments(self, effect: LoadMoments, origin: Origin | None) -> None:
+        self._tg.start_soon(self._load, effect, origin)
+
+    async def _load(self, effect: LoadMoments, origin: Origin | None) -> None:
+        """A search's next keyframes, beside the session's other work."""
+        store, session = self._store(), self.core.session_id
+        moments: list[RecalledMoment] = []
+        try:
+            for moment in effect.moments:
+                jpeg = await store.jpeg(session, moment.moment_id)
+                if jpeg is not None:  # else gone from the store meanwhile
+                    moments.append(await blocking.run_blocking(_with_jpeg, moment, jpeg))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.result(MomentsLoaded(effect.run, moments), origin)
+
+    async def _forget_memory(self, effect: ForgetMemory, origin: Origin | None) -> None:
+        """Everything the session remembers deleted, in its lane (queued writes first)."""
+        assert self.memory is not None
+        await self.memory.writer.flush()
+        deleted = await self._store().clear(self.core.session_id)
+        await self.result(MemoryForgotten(deleted), origin)
+
+
+def _with_jpeg(moment: RecalledMoment, jpeg: bytes) -> RecalledMoment:
+    return RecalledMoment(moment.moment_id, moment.start_ms, moment.end_ms, jpeg, jpeg_size(jpeg), moment.caption)

@@ -1,0 +1,166 @@
+"""A session's memory through the real server, the real embedded engine on the shipped
+colours model and the real SQLite store: scenes that left the window are answered about by
+range, found by a condition and by text, served as keyframes, and forgotten on request."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import numpy as np
+import pytest
+import simplejpeg
+
+from server.background import RunningServer, run_server
+from server.models.colour_frames import colour_clip
+from server.models.demo import DEMO_FAMILY, shipped_model_dir
+from server.settings import Settings
+from tests.protocol_client import Client, b64, connect
+
+pytestmark = pytest.mark.anyio
+
+SCENES = ["red", "blue", "green", "blue", "yellow", "red", "blue", "white"]
+FRAMES_PER_SCENE = 3
+WINDOW = 6  # frames: every scene but the last two has left it by the end
+
+
+@pytest.fixture(scope="module")
+def colours_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The colours model, keyframes only at scene changes (the stream is fast)."""
+    data = tmp_path_factory.mktemp("memory-data")
+    settings = Settings(model=str(shipped_model_dir(DEMO_FAMILY)), resume_grace_s=0, data_dir=data,
+                        memory_keyframe_s=3600, memory_min_keyframe_s=0)
+    with run_server(settings) as running:
+        yield running
+
+
+async def _stream_scenes(client: Client) -> list[tuple[float, float]]:
+    """Each scene's frames sent; each scene's span (its first and last frame's receipt, ms)."""
+    rng = np.random.default_rng(5)
+    spans = []
+    frame_id = 0
+    for colour in SCENES:
+        times = []
+        for frame in colour_clip(rng, [colour] * FRAMES_PER_SCENE, None, size=(320, 240)):
+            frame_id += 1
+            await client.send(type="video.frame", data=b64(frame.jpeg), frame_id=frame_id)
+            ack = await client.recv_type("video.frame.ack")
+            assert ack["accepted"], ack
+            times.append(ack["server_receive_ts_ms"])
+        spans.append((times[0], times[-1]))
+    return spans
+
+
+async def _moments(http: httpx.AsyncClient, session_id: str, count: int) -> list[dict]:
+    """The session's moments once ``count`` are stored (writes are queued off the loop)."""
+    with anyio.fail_after(30):
+        while True:
+            moments = (await http.get(f"/v1/sessions/{session_id}/moments")).json()["moments"]
+            if len(moments) >= count:
+                return moments
+            await anyio.sleep(0.05)
+
+
+async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_then_forgotten(
+    colours_server: RunningServer,
+) -> None:
+    """Eight scenes, three frames each, through a six-frame window: one moment a scene; a
+    question about each scene's range is shown its keyframe and names its colour; the live
+    window is untouched; "Is the screen blue?" finds exactly the blue scenes; "blue" finds the
+    answers that said it; keyframes are served; memory.clear removes it all from the database
+    file and the session goes on."""
+    client, ready = await connect(colours_server, max_frames=WINDOW, sampling={"max_tokens": 3, "temperature": 0})
+    session_id = ready["session_id"]
+    try:
+        spans = await _stream_scenes(client)
+        async with httpx.AsyncClient(base_url=colours_server.http_url) as http:
+            moments = await _moments(http, session_id, len(SCENES))
+            # one moment a scene (each colour change is a scene change), starting at its first frame
+            assert [m["start_ms"] for m in moments] == [first for first, _ in spans]
+            assert all(m["end_ms"] == n["start_ms"] for m, n in zip(moments, moments[1:]))
+
+            # a question about each scene's range is shown that scene's keyframe and names its colour
+            right = 0
+            for (first, last), colour, moment in zip(spans, SCENES, moments, strict=True):
+                events = await client.ask("What colour is the screen?", range={"from_ms": first, "to_ms": last})
+                consumed = next(e for e in events if e["type"] == "video.frames.consumed")
+                assert consumed["frame_ids"] == [f"moment_{moment['moment_id']}"]
+                assert consumed["frames"][0]["server_receive_ts_ms"] == first
+                text = "".join(e["delta"] for e in events if e["type"] == "response.text.delta")
+                right += colour in text.lower()
+                assert events[-1]["status"] == "completed"
+            assert right >= 0.95 * len(SCENES), right
+
+            # the live window is untouched: a question about now is still about the newest scene, warm
+            now = await client.ask("What colour is the screen?")
+            assert SCENES[-1] in "".join(e["delta"] for e in now if e["type"] == "response.text.delta").lower()
+
+            # a condition over the whole session finds the blue scenes, with progress on the way
+            await client.send(type="memory.search", search_id="blue", condition="Is the screen blue?")
+            found = await client.collect_until("memory.results", timeout=120)
+            progress = [e for e in found if e["type"] == "memory.progress"]
+            assert progress and progress[-1]["checked"] == progress[-1]["total"] == len(SCENES)
+            results = found[-1]
+            assert results["search_id"] == "blue" and results["checked"] == len(SCENES)
+            blue = {m["moment_id"] for m, c in zip(moments, SCENES) if c == "blue"}
+            assert {r["moment_id"] for r in results["results"]} == blue, results
+            assert all(r["probability"] >= 0.5 for r in results["results"])
+
+            # text finds the answers that named blue, each in its moment
+            await client.send(type="memory.search", text="blue")
+            by_text = (await client.recv_type("memory.results"))["results"]
+            assert by_text and all(r["kind"] == "answer" and "blue" in r["match"].lower() for r in by_text)
+            assert {r["moment_id"] for r in by_text} <= {m["moment_id"] for m in moments}
+
+            # each keyframe is served as a JPEG at the model's size
+            jpeg = await http.get(results["results"][0]["url"])
+            assert jpeg.status_code == 200 and jpeg.headers["content-type"] == "image/jpeg"
+            height, width, _, _ = simplejpeg.decode_jpeg_header(jpeg.content)
+            assert max(width, height) <= 320
+            assert (await http.get(f"/v1/sessions/{session_id}/moments/999999.jpg")).status_code == 404
+
+            # forgetting: gone from the store and from the database file
+            await client.send(type="memory.clear")
+            cleared = await client.recv_type("memory.cleared")
+            assert cleared["deleted"] >= len(SCENES)
+            assert (await http.get(f"/v1/sessions/{session_id}/moments")).json()["moments"] == []
+            await client.send(type="video.query", text="What colour was it?", range={"from_ms": spans[0][0]})
+            error = await client.recv_type("error")
+            assert error["code"] == "no_frames"
+        database = Path(colours_server.app.state.memory.store.path)
+        with sqlite3.connect(database) as db:
+            assert db.execute("SELECT count(*) FROM moments WHERE session_id = ?", (session_id,)).fetchone() == (0,)
+        raw = database.read_bytes() + (database.with_name(database.name + "-wal").read_bytes()
+                                       if database.with_name(database.name + "-wal").exists() else b"")
+        assert jpeg.content[200:264] not in raw
+        await client.send(type="ping")
+        assert (await client.recv_type("pong"))["type"] == "pong"
+    finally:
+        await client.ws.close()
+
+
+async def test_bad_memory_requests_get_clear_errors_and_the_session_goes_on(colours_server: RunningServer) -> None:
+    """A search that asks nothing, a range that ends before it starts, and memory asked of a
+    session that keeps none: each an error with its code; the session answers a ping after."""
+    client, _ = await connect(colours_server)
+    try:
+        await client.send(type="memory.search", search_id="x")
+        assert (await client.recv_type("error"))["code"] == "invalid_message"
+        await client.send(type="video.query", text="?", range={"from_ms": 2_000, "to_ms": 1_000})
+        assert (await client.recv_type("error"))["code"] == "invalid_message"
+        await client.send(type="memory.search", text='"AND (NEAR(*', from_ms=-60_000)
+        assert (await client.recv_type("memory.results"))["results"] == []
+    finally:
+        await client.ws.close()
+    client, ready = await connect(colours_server, memory={"enabled": False})
+    try:
+        assert ready["config"]["memory"] == {"enabled": False}
+        await client.send(type="memory.search", text="blue")
+        assert (await client.recv_type("error"))["code"] == "memory_off"
+        await client.send(type="ping")
+        await client.recv_type("pong")
+    finally:
+        await client.ws.close()
