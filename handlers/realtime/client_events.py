@@ -90,6 +90,7 @@ class LivesightSettings(_Part):
     prefix_warmup: bool | None = None
     use_audio_in_video: bool | None = None
     watches: list[dict[str, Any]] | None = Field(None, max_length=64)  # as session.config's (see protocol.md)
+    memory: dict[str, Any] | None = None  # as session.config's
 
 
 class RealtimeSession(_Part):
@@ -209,6 +210,22 @@ class ResponseCancel(_ClientEvent):
     response_id: str | None = None
 
 
+class LivesightMemorySearch(_ClientEvent):
+    """livesight's ``memory.search`` (protocol.md) on this endpoint: its fields, judged there."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: Literal["livesight.memory.search"]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class LivesightMemoryClear(_ClientEvent):
+    type: Literal["livesight.memory.clear"]
+
+
 RealtimeClientEvent = Annotated[
     SessionUpdate
     | InputAudioBufferAppend
@@ -220,7 +237,9 @@ RealtimeClientEvent = Annotated[
     | ConversationItemTruncate
     | OutputAudioBufferClear
     | ResponseCreate
-    | ResponseCancel,
+    | ResponseCancel
+    | LivesightMemorySearch
+    | LivesightMemoryClear,
     Field(discriminator="type"),
 ]
 _client_event = TypeAdapter(RealtimeClientEvent)
@@ -237,6 +256,8 @@ REALTIME_CLIENT_TYPES = frozenset(
         "output_audio_buffer.clear",
         "response.create",
         "response.cancel",
+        "livesight.memory.search",
+        "livesight.memory.clear",
     }
 )
 

@@ -37,7 +37,7 @@ from handlers.realtime.items import answer_request, audio_item, item_inputs, ret
 from handlers.realtime.session_view import SessionView
 from handlers.wire import commands as cmd
 from handlers.core import events as ev
-from handlers.wire.client_events import AudioChunkIn, SessionConfig, describe_validation_error
+from handlers.wire.client_events import AudioChunkIn, MemoryClear, MemorySearch, SessionConfig, describe_validation_error
 from handlers.wire.codec import CoreInput
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.running_answer import AnswerTracker, RunningAnswer
@@ -256,6 +256,15 @@ class RealtimeCodec:
     def _error(self, event: ev.ErrorReported) -> Out:
         return [realtime_error(event, self._eid())]
 
+    def _memory_progress(self, event: ev.MemoryProgress) -> Out:
+        return [rt.LivesightMemoryProgress(event_id=self._eid(), **event.model_dump())]
+
+    def _memory_results(self, event: ev.MemoryResults) -> Out:
+        return [rt.LivesightMemoryResults(event_id=self._eid(), **event.model_dump())]
+
+    def _memory_cleared(self, event: ev.MemoryCleared) -> Out:
+        return [rt.LivesightMemoryCleared(event_id=self._eid(), deleted=event.deleted)]
+
     # ------------------------------------------------------------------ helpers
     def _added(self, item: rt.Item, previous: str | None, done_status: str = "completed") -> Out:
         """An item was added after ``previous`` (the core's: where it put it)."""
@@ -300,6 +309,8 @@ _DECODERS: dict[type, Callable[[RealtimeCodec, Any], list[CoreInput]]] = {
     rtc.OutputAudioBufferClear: _always(cmd.ClearOutputAudio),
     rtc.ResponseCreate: RealtimeCodec._response_create,
     rtc.ResponseCancel: _always(cmd.CancelRequest),
+    rtc.LivesightMemorySearch: lambda codec, event: [MemorySearch(type="memory.search", **event.fields)],
+    rtc.LivesightMemoryClear: lambda codec, event: [MemoryClear(type="memory.clear")],
 }
 
 #: Each core event's translation into Realtime events (a core event not here has none).
@@ -326,4 +337,7 @@ _ENCODERS: dict[type, Callable[[RealtimeCodec, Any], Out]] = {
     ev.AnswerAudioDone: _in_answer(RealtimeCodec._audio_done),
     ev.AnswerEnded: _in_answer(RealtimeCodec._response_done),
     ev.ErrorReported: RealtimeCodec._error,
+    ev.MemoryProgress: RealtimeCodec._memory_progress,
+    ev.MemoryResults: RealtimeCodec._memory_results,
+    ev.MemoryCleared: RealtimeCodec._memory_cleared,
 }

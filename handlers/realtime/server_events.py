@@ -310,6 +310,30 @@ class OutputAudioTranscriptDone(_InResponse):
     transcript: str
 
 
+class LivesightMemoryProgress(RealtimeServerEvent):
+    """livesight's ``memory.progress`` (protocol.md) on this endpoint."""
+
+    type: Literal["livesight.memory.progress"] = "livesight.memory.progress"
+    search_id: str | None = None
+    checked: int
+    total: int
+
+
+class LivesightMemoryResults(RealtimeServerEvent):
+    """livesight's ``memory.results`` (protocol.md) on this endpoint."""
+
+    type: Literal["livesight.memory.results"] = "livesight.memory.results"
+    search_id: str | None = None
+    results: list[dict[str, Any]]
+    checked: int = 0
+    skipped: int = 0
+
+
+class LivesightMemoryCleared(RealtimeServerEvent):
+    type: Literal["livesight.memory.cleared"] = "livesight.memory.cleared"
+    deleted: int
+
+
 class RealtimeError(RealtimeServerEvent):
     type: Literal["error"] = "error"
     error: ErrorDetail

@@ -41,5 +41,6 @@ LIVESIGHT_FIELDS = (
     "prefix_warmup",
     "use_audio_in_video",
     "watches",
+    "memory",
 )
 LIVE_ONLY_FIELDS = ("speech_rate",)

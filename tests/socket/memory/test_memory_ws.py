@@ -27,12 +27,14 @@ FRAMES_PER_SCENE = 3
 WINDOW = 6  # frames: every scene but the last two has left it by the end
 
 
-@pytest.fixture(scope="module")
-def colours_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """The colours model, keyframes only at scene changes (the stream is fast)."""
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def colours_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The colours model, keyframes only at scene changes (the stream is fast), its memory in
+    SQLite (the default) or in a real PostgreSQL server."""
     data = tmp_path_factory.mktemp("memory-data")
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else None
     settings = Settings(model=str(shipped_model_dir(DEMO_FAMILY)), resume_grace_s=0, data_dir=data,
-                        memory_keyframe_s=3600, memory_min_keyframe_s=0)
+                        memory_url=url, memory_keyframe_s=3600, memory_min_keyframe_s=0)
     with run_server(settings) as running:
         yield running
 
@@ -130,14 +132,17 @@ async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_the
             await client.send(type="video.query", text="What colour was it?", range={"from_ms": spans[0][0]})
             error = await client.recv_type("error")
             assert error["code"] == "no_frames"
-        database = Path(colours_server.app.state.memory.store.path)
+        store = colours_server.app.state.memory.store
+        await client.send(type="ping")
+        assert (await client.recv_type("pong"))["type"] == "pong"
+        if store.backend != "sqlite":
+            return
+        database = Path(store.path)
         with sqlite3.connect(database) as db:
             assert db.execute("SELECT count(*) FROM moments WHERE session_id = ?", (session_id,)).fetchone() == (0,)
         raw = database.read_bytes() + (database.with_name(database.name + "-wal").read_bytes()
                                        if database.with_name(database.name + "-wal").exists() else b"")
         assert jpeg.content[200:264] not in raw
-        await client.send(type="ping")
-        assert (await client.recv_type("pong"))["type"] == "pong"
     finally:
         await client.ws.close()
 
@@ -164,3 +169,47 @@ async def test_bad_memory_requests_get_clear_errors_and_the_session_goes_on(colo
         await client.recv_type("pong")
     finally:
         await client.ws.close()
+
+
+async def test_the_realtime_endpoint_searches_and_clears_memory_as_livesight_events(server: RunningServer) -> None:
+    """On /v1/realtime: images become moments; ``session.livesight.memory`` is echoed;
+    ``livesight.memory.search`` (a text search: the question asked is noted) is answered by
+    ``livesight.memory.results`` and ``livesight.memory.clear`` by ``livesight.memory.cleared``;
+    a bad search is an OpenAI-shaped error and the session goes on."""
+    import json
+
+    import websockets
+
+    async with websockets.connect(f"ws://{server.host}:{server.port}/v1/realtime") as ws:
+
+        async def until(kind: str) -> dict:
+            with anyio.fail_after(60):
+                while True:
+                    event = json.loads(await ws.recv())
+                    if event["type"] in (kind, "error"):
+                        return event
+
+        assert (await until("session.created"))["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "max_output_tokens": 2, "livesight": {"memory": {"enabled": True}}}}))
+        assert (await until("session.updated"))["session"]["livesight"]["memory"] == {"enabled": True}
+        image = "data:image/jpeg;base64," + b64(colour_clip(np.random.default_rng(1), ["red"], None)[0].jpeg)
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_image", "image_url": image}, {"type": "input_text", "text": "zebra crossing?"}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        assert (await until("response.done"))["type"] == "response.done"
+        with anyio.fail_after(30):
+            while True:
+                await ws.send(json.dumps({"type": "livesight.memory.search", "search_id": "z", "text": "zebra"}))
+                found = await until("livesight.memory.results")
+                assert found["type"] == "livesight.memory.results", found
+                if found["results"]:
+                    break
+                await anyio.sleep(0.05)  # the note is written off the loop
+        assert found["search_id"] == "z" and found["results"][0]["kind"] == "question"
+        await ws.send(json.dumps({"type": "livesight.memory.search", "limit": 0, "text": "x"}))
+        error = await until("error")
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_value"
+        await ws.send(json.dumps({"type": "livesight.memory.clear"}))
+        assert (await until("livesight.memory.cleared"))["deleted"] >= 2
