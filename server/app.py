@@ -37,7 +37,9 @@ from server.drain import drain_sessions
 from server.engines.factory import create_engine
 from server.engines.base import Engine
 from server.process_memory import MemoryReturn, set_huge_pages
-from server.memory.service import keyframe_response, memory_policy, moments_listing, open_memory, sweep_memory
+from server.memory.service import (
+    keyframe_response, memory_policy, memory_summary, moments_listing, open_memory, sweep_memory,
+)
 from server.logs import SessionLog
 from server.metrics import CONTENT_TYPE, Metrics
 from server.settings import Settings
@@ -221,6 +223,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 },
                 "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
                 "watches": dict(metrics.watch_totals),
+                "memory": memory_summary(app.state.memory, metrics.memory_totals),
                 "engine": app.state.engine.stats(),
                 "kv_cache_tokens": app.state.engine.kv_cache_tokens(),
             }

@@ -76,6 +76,7 @@ class Metrics:
         self.watch_fires = Counter("livesight_watch_fires", "Watches fired (watch.fired sent)", registry=r)
         #: The same three counts, for /metrics.json.
         self.watch_totals = {"checks": 0, "skipped": 0, "fires": 0}
+        self.memory_totals = {"captions": 0, "captions_skipped": 0}
         self.prompt_tokens = Counter("livesight_prompt_tokens", "Prompt tokens of answers (usage)", registry=r)
         self.cached_tokens = Counter(
             "livesight_cached_tokens", "Prompt tokens served from the engine's cache (usage)", registry=r
@@ -182,6 +183,10 @@ class SessionMetrics(SessionObserver):
         self.m.watch_skipped.inc(skipped)
         self.m.watch_totals["checks"] += ran
         self.m.watch_totals["skipped"] += skipped
+
+    def captions(self, written: int, skipped: int) -> None:
+        self.m.memory_totals["captions"] += written
+        self.m.memory_totals["captions_skipped"] += skipped
 
 
 def _base64_size(data: str) -> int:

@@ -287,6 +287,11 @@ class Settings(BaseSettings):
     memory_scene_similarity: float = Field(
         0.1, ge=0, le=1, description="a scene change: less than this share of the frame unchanged since the last keyframe"
     )
+    memory_caption_prompt: str = Field(
+        "Describe what you see in a few words.", min_length=1, max_length=1000,
+        description="what the model is asked for each moment's caption (on the warm prefix)",
+    )
+    memory_caption_tokens: int = Field(12, ge=0, le=64, description="a moment's caption at most this long (0: no captions)")
     memory_max_age_s: float = Field(7 * 86400.0, gt=0, description="moments and notes older than this are deleted")
     memory_max_session_bytes: int = Field(
         256 * MiB, ge=MiB, description="a session's stored bytes; past it its oldest moments are deleted"

@@ -26,7 +26,7 @@ from typing import Literal, Union
 
 from handlers.core.answer import Answer, Outcome
 from handlers.core.events import ErrorReported, Event
-from handlers.core.jobs import CheckStep, WarmStep
+from handlers.core.jobs import CaptionStep, CheckStep, WarmStep
 from handlers.core.memory import RecalledMoment, SearchRun, TextFound
 from handlers.media.preparation import PreparedFrame
 from handlers.wire.errors import Origin, SessionError
@@ -194,6 +194,14 @@ class MomentsLoaded:
 
 
 @dataclass(frozen=True, slots=True)
+class Captioned:
+    """A caption's job ended: its words, or None when it failed or was stopped."""
+
+    step: CaptionStep
+    text: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryForgotten:
     """``ForgetMemory`` done: ``deleted`` records gone."""
 
@@ -202,7 +210,7 @@ class MemoryForgotten:
 
 Result = Union[
     Prepared, Warmed, Checked, Transcribed, Generated, Spoken, Ended, SpeechDetected, HeldTranscribed, Recalled,
-    MemoryFound, MomentsLoaded, MemoryForgotten,
+    MemoryFound, MomentsLoaded, MemoryForgotten, Captioned,
 ]
 
 
@@ -219,7 +227,7 @@ class Tally:
     """Count ``n`` of ``what`` in the session's metrics (frames accepted, filtered, evicted,
     shed; checks run and frames no check looked at)."""
 
-    what: Literal["accepted", "filtered", "evicted", "shed", "checks", "skipped"]
+    what: Literal["accepted", "filtered", "evicted", "shed", "checks", "skipped", "captions", "captions_skipped"]
     n: int = 1
 
 
@@ -284,7 +292,7 @@ class Speak:
 class Stop:
     """Stop a running job: a prefill, a round of checks or an answer (its ``Ended`` follows)."""
 
-    job: WarmStep | CheckStep | Answer
+    job: WarmStep | CheckStep | CaptionStep | Answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +360,22 @@ class KeepNote:
 
 
 @dataclass(frozen=True, slots=True)
+class Caption:
+    """Have the engine write a moment's caption (silently: nothing is sent); report
+    ``Captioned``. An engine job, stopped by a question like a prefill."""
+
+    step: CaptionStep
+
+
+@dataclass(frozen=True, slots=True)
+class KeepCaption:
+    """Store a moment's caption (the moment that starts at ``at_ms``)."""
+
+    at_ms: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Recall:
     """Read at most ``n`` keyframes spread over ``from_ms``..``to_ms`` for a question about
     the past; report ``Recalled``. In the lane."""
@@ -400,7 +424,7 @@ class EndSession:
 Effect = Union[
     Send, Tally, Prepare, Prefill, Check, StartAnswer, Generate, Speak, Stop, DetectSpeech, ResetVad,
     ListenStart, ListenFeed, StopListening, TranscribeHeld, Timer, EndSession, KeepMoment, KeepNote, Recall,
-    FindMemory, LoadMoments, ForgetMemory,
+    FindMemory, LoadMoments, ForgetMemory, Caption, KeepCaption,
 ]
 
 

@@ -60,7 +60,9 @@ class EngineJobs:
                 slot.warm()
                 self._job, self._slid_at = step, now.s
                 return [Prefill(step)]
-        if self._search is not None and self._search.batch:  # a memory search: last, between the others
+        if self._caption_due is not None:  # memory, last: a caption, then a search's round
+            return self._caption_round(now) or self._next_work(now)
+        if self._search is not None and self._search.batch:
             return self._search_round()
         return self._set_timer(min(later, default=None))
 

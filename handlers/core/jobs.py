@@ -25,6 +25,18 @@ class CheckStep:
 
 
 @dataclass(frozen=True, slots=True)
+class CaptionStep:
+    """A moment's caption the executor has the engine write on the warm prefix: ``prompt``
+    (the timeline and the caption's question) over ``frames`` (pinned until
+    ``SessionCore.captioned``), at most ``tokens``; ``at_ms``: the moment's start."""
+
+    frames: list[Frame]
+    prompt: Prompt
+    at_ms: float
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class WarmStep:
     """One prefill the executor runs for the core: ``prompt`` over ``frames``, which stay
     pinned until ``SessionCore.warmed`` is called with this step. ``slide``: a prefill of the

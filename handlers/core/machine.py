@@ -39,6 +39,7 @@ from handlers.core.effects import (
     Generate,
     Generated,
     Handle,
+    Captioned,
     HeldTranscribed,
     MemoryForgotten,
     MemoryFound,
@@ -68,7 +69,7 @@ from handlers.core.effects import (
     Warmed,
 )
 from handlers.core.events import ErrorReported, Pong, SessionDone, SessionReady
-from handlers.core.jobs import CheckStep, WarmStep
+from handlers.core.jobs import CaptionStep, CheckStep, WarmStep
 from handlers.core.lifecycle import SlotState
 from handlers.core.native_audio import NativeAudioTrim
 from handlers.core.negotiation import Limits, MemoryPolicy, VoicePaths
@@ -135,7 +136,7 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
         self._asked = _Asked([], False)
         self._listening: int | None = None  # where the running transcription starts (a stream sample)
         self._listened = 0  # the stream sample up to which it was fed
-        self._job: WarmStep | CheckStep | None = None  # the prefill or round of checks running
+        self._job: WarmStep | CheckStep | CaptionStep | None = None  # the engine job running
         self._trims: dict[int, NativeAudioTrim] = {}
         self._timer: float | None = None
         self._warmed_at = self._slid_at = float("-inf")  # the last prefill of the prefix / of the next window started
@@ -143,6 +144,7 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
         self._memory = memory  # the server's memory policy; None: it keeps no memory
         self._keyframes: Keyframes | None = None  # set when this session remembers
         self._search: SearchRun | None = None  # the memory search under way
+        self._caption_due: float | None = None  # the moment whose caption waits for the engine
 
     @classmethod
     def over(cls, state: SessionCore, source: Source | None = None) -> SessionMachine:
@@ -466,4 +468,5 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
         MemoryFound: MemoryDecisions._memory_found,
         MomentsLoaded: MemoryDecisions._moments_loaded,
         MemoryForgotten: MemoryDecisions._forgotten,
+        Captioned: MemoryDecisions._captioned,
     }

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from handlers.core.answer import Answer
 from handlers.core.effects import (
+    Caption,
+    Captioned,
     Check,
     Checked,
     Effect,
     FindMemory,
     ForgetMemory,
+    KeepCaption,
     KeepMoment,
     KeepNote,
     LoadMoments,
@@ -22,6 +25,7 @@ from handlers.core.effects import (
     Recall,
     Recalled,
     Send,
+    Tally,
     error_event,
 )
 from handlers.core.events import MemoryCleared, MemoryHit, MemoryProgress, MemoryResults, WatchFired
@@ -44,8 +48,8 @@ from handlers.wire.protocol import MemorySearch, VideoFrame, VideoQuery, origin_
 
 class MemoryDecisions:
     """The machine's memory half (its state: ``_memory`` (the server's policy, None when it
-    keeps no memory), ``_keyframes`` (None while this session remembers nothing) and
-    ``_search``; the rest of its decisions: ``_ask``, ``_wait_or``, ``_start``, ``_next_work``)."""
+    keeps no memory), ``_keyframes`` (None while this session remembers nothing),
+    ``_caption_due`` (the start of the moment whose caption waits) and ``_search``; the rest of its decisions: ``_ask``, ``_wait_or``, ``_start``, ``_next_work``)."""
 
     def _remembering(self, config_enabled: bool | None) -> None:
         """Whether this session remembers: its ``session.config`` says, else the server."""
@@ -61,10 +65,16 @@ class MemoryDecisions:
 
     # ------------------------------------------------------------------ keeping
     def _keep_frame(self, event: VideoFrame, prepared: PreparedFrame, frame_ms: float | None) -> list[Effect]:
-        """An accepted frame (received at ``frame_ms``) is kept when it is a keyframe."""
+        """An accepted frame (received at ``frame_ms``) is kept when it is a keyframe; its
+        caption is due (one that waited for its turn is skipped for it)."""
         if self._keyframes is None or frame_ms is None or not self._keyframes.take(prepared.thumb, frame_ms):
             return []
-        return [KeepMoment(prepared.raw, frame_ms, self.state.image_side(event))]
+        effects: list[Effect] = [KeepMoment(prepared.raw, frame_ms, self.state.image_side(event))]
+        if self._memory is not None and self._memory.caption_tokens > 0 and self.warm_prefix:
+            if self._caption_due is not None:
+                effects.append(Tally("captions_skipped"))
+            self._caption_due = frame_ms
+        return effects
 
     def _keep_note(self, kind: str, now: Now, text: str | None) -> list[Effect]:
         if self._keyframes is None or not text or not text.strip():
@@ -205,6 +215,40 @@ class MemoryDecisions:
             return effects + self._start(now)
         more = self._load_next(run, now) if not run.batch else []
         return effects + more + self._next_work(now)
+
+    # ------------------------------------------------------------------ captions
+    def _caption_round(self, now: Now) -> list[Effect]:
+        """The due caption, written on the warm prefix (called by ``_next_work`` with the
+        engine idle and nothing of the session's own due)."""
+        policy, at_ms = self._memory, self._caption_due
+        assert policy is not None and at_ms is not None
+        self._caption_due = None
+        step = self.state.next_caption(policy.caption_prompt, policy.caption_tokens, at_ms)
+        if step is None:
+            return []
+        self.state.slot.warm()
+        self._job = step
+        return [Caption(step)]
+
+    def _captioned(self, result: Captioned, now: Now) -> list[Effect]:
+        """A caption's job ended: its words kept; one a question stopped is written again
+        after it, unless a newer moment is due."""
+        step = result.step
+        self.state.captioned(step)
+        stopped = self.state.slot.state is not SlotState.WARMING
+        effects: list[Effect] = []
+        text = (result.text or "").strip()
+        if text and not stopped:
+            effects += [KeepCaption(step.at_ms, text), Tally("captions")]
+        elif stopped and self._caption_due is None:
+            self._caption_due = step.at_ms
+        else:
+            effects.append(Tally("captions_skipped"))
+        self._job = None
+        self.state.slot.warmed()
+        if self.state.slot.may_generate:
+            return effects + self._start(now)
+        return effects + self._next_work(now)
 
     # ------------------------------------------------------------------ forgetting
     def _forget(self) -> list[Effect]:

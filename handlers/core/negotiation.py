@@ -41,13 +41,15 @@ class MemoryPolicy:
     """The server's memory settings a session needs: whether sessions remember unless they
     say (``default``), how often a keyframe is kept at least (``keyframe_s``) and at most
     (``min_keyframe_s``, for scene changes), what a scene change is, how many moments one
-    search may check."""
+    search may check, what a moment's caption is asked and how long it may be."""
 
     default: bool = True
     keyframe_s: float = 10.0
     min_keyframe_s: float = 1.0
     scene_similarity: float = 0.1
     max_search_moments: int = 3600
+    caption_prompt: str = "Describe what you see in a few words."
+    caption_tokens: int = 12  # 0: no captions
 
 
 def _any_voice(voice: str) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from handlers.core.answer import Answer, Outcome
 from handlers.core.frames import Frame
-from handlers.core.jobs import WarmStep
+from handlers.core.jobs import CaptionStep, WarmStep
 from handlers.core.prompt import render_timeline
 from handlers.core.timeline import Message, Timeline, TimelineTurn, heard_text, interrupted_answer
 from handlers.wire.errors import ErrorCode, SessionError
@@ -136,6 +136,20 @@ class TimelinePrompts:
             return None
         self.buffer.pin(frames)
         return WarmStep(frames, self.warm_prompt(frames))
+
+    def next_caption(self, question: str, tokens: int, at_ms: float) -> CaptionStep | None:
+        """A caption's job over the timeline brought up to date (its frames pinned until
+        ``captioned``), or None when it holds no frame."""
+        self.timeline.forget_evicted()
+        self.timeline.admit(self.buffer.frames)
+        frames = self.timeline.frames
+        if not frames:
+            return None
+        self.buffer.pin(frames)
+        return CaptionStep(frames, self._render(question), at_ms, tokens)
+
+    def captioned(self, step: CaptionStep) -> None:
+        self.buffer.unpin(step.frames)
 
     def warmed(self, step: WarmStep, done: bool = True) -> None:
         """A prefill ended (``done``: ran to the end; else failed or stopped by a question): its

@@ -25,8 +25,10 @@ from handlers.core.answer import Answer, Outcome
 from handlers.core.effects import (
     Check,
     Checked,
+    Caption,
     FindMemory,
     ForgetMemory,
+    KeepCaption,
     KeepMoment,
     KeepNote,
     LoadMoments,
@@ -148,6 +150,9 @@ class Executor(MemoryJobs):
             self.observer.checks(effect.n, 0)
         elif effect.what == "skipped":
             self.observer.checks(0, effect.n)
+        elif effect.what in ("captions", "captions_skipped"):
+            self.observer.captions(effect.n if effect.what == "captions" else 0,
+                                   effect.n if effect.what == "captions_skipped" else 0)
         else:
             self.observer.frames(effect.what, effect.n)
 
@@ -390,7 +395,8 @@ class Executor(MemoryJobs):
         StartAnswer: _start_answer, Speak: _speak, Stop: _stop, DetectSpeech: _detect, ResetVad: _reset_vad,
         ListenStart: _listen_start, ListenFeed: _listen_feed, StopListening: _stop_listening,
         TranscribeHeld: _transcribe_held, Timer: _timer, EndSession: _end_session, Generate: _stray,
-        KeepMoment: MemoryJobs._keep, KeepNote: MemoryJobs._keep, Recall: MemoryJobs._recall,
+        KeepMoment: MemoryJobs._keep, KeepNote: MemoryJobs._keep, KeepCaption: MemoryJobs._keep,
+        Caption: MemoryJobs._caption, Recall: MemoryJobs._recall,
         FindMemory: MemoryJobs._find_memory, LoadMoments: MemoryJobs._load_moments,
         ForgetMemory: MemoryJobs._forget_memory,
     }

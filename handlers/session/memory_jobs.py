@@ -10,10 +10,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
+from anyio.abc import TaskGroup
 
 from handlers.core.effects import (
+    Caption,
+    Captioned,
     FindMemory,
     ForgetMemory,
+    KeepCaption,
     KeepMoment,
     KeepNote,
     LoadMoments,
@@ -27,10 +31,12 @@ from handlers.core.effects import (
     TextFound,
 )
 
+from handlers.core.jobs import CaptionStep
 from handlers.core.machine import SessionMachine
 from handlers.media.keyframe import jpeg_size, keyframe_jpeg
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from server import blocking
+from server.engines.base import Engine, EngineError, Sampling, TextDelta
 from server.memory.store import MemoryStore, Moment
 
 log = logging.getLogger("livesight.memory")
@@ -39,7 +45,7 @@ log = logging.getLogger("livesight.memory")
 @dataclass(frozen=True, slots=True)
 class _Record:
     session_id: str
-    effect: KeepMoment | KeepNote
+    effect: KeepMoment | KeepNote | KeepCaption
 
 
 class MemoryWriter:
@@ -56,7 +62,7 @@ class MemoryWriter:
         self._idle = anyio.Event()
         self._idle.set()
 
-    def put(self, session_id: str, effect: KeepMoment | KeepNote) -> bool:
+    def put(self, session_id: str, effect: KeepMoment | KeepNote | KeepCaption) -> bool:
         """Queue a record; False (counted in ``dropped``) when the queue is full."""
         try:
             self._send.send_nowait(_Record(session_id, effect))
@@ -96,6 +102,11 @@ class MemoryWriter:
         if isinstance(effect, KeepMoment):
             jpeg, _size = await blocking.run_blocking(keyframe_jpeg, effect.data, effect.side)
             await self.store.add_moment(record.session_id, effect.at_ms, jpeg)
+        elif isinstance(effect, KeepCaption):
+            found = await self.store.moments(record.session_id, effect.at_ms, effect.at_ms, limit=4)
+            moment = next((m for m in found if m.start_ms == effect.at_ms), None)
+            if moment is not None:  # else it is gone already (cleared, or past a limit)
+                await self.store.set_caption(record.session_id, moment.moment_id, effect.text)
         else:
             await self.store.add_note(record.session_id, effect.kind, effect.at_ms, effect.text)
 
@@ -119,6 +130,9 @@ class MemoryJobs:
 
     memory: Memory | None
     core: SessionMachine
+    engine: Engine
+    _tg: TaskGroup
+    _scopes: dict[int, anyio.CancelScope]
     result: Callable[[Result, Origin | None], Awaitable[None]]
 
     def _store(self) -> MemoryStore:
@@ -126,9 +140,37 @@ class MemoryJobs:
             raise SessionError(ErrorCode.MEMORY_OFF, "this server keeps no memory")
         return self.memory.store
 
-    async def _keep(self, effect: KeepMoment | KeepNote, origin: Origin | None) -> None:
+    async def _keep(self, effect: KeepMoment | KeepNote | KeepCaption, origin: Origin | None) -> None:
         if self.memory is not None:
             self.memory.writer.put(self.core.session_id, effect)
+
+    async def _caption(self, effect: Caption, origin: Origin | None) -> None:
+        scope = self._scopes[id(effect.step)] = anyio.CancelScope()  # a Stop may come before it runs
+        self._tg.start_soon(self._write_caption, effect.step, scope)
+
+    async def _write_caption(self, step: CaptionStep, scope: anyio.CancelScope) -> None:
+        """A moment's caption, generated as a child of the session; a question stops it."""
+        session = self.core.session_id
+        words: list[str] = []
+        text: str | None = None
+        try:
+            with scope:
+                stream = self.engine.generate(session, f"caption_{session[:8]}", step.prompt,
+                                              Sampling(0.0, 1.0, step.tokens, 0))
+                try:
+                    async for event in stream:
+                        if isinstance(event, TextDelta):
+                            words.append(event.text)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await stream.aclose()
+                text = "".join(words)
+        except EngineError as exc:
+            log.warning("caption failed: %s", exc)
+        finally:
+            del self._scopes[id(step)]
+            with anyio.CancelScope(shield=True):
+                await self.result(Captioned(step, text), None)
 
     async def _recall(self, effect: Recall, origin: Origin | None) -> None:
         """A question's range read back, in its lane."""

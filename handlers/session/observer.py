@@ -43,6 +43,10 @@ class SessionObserver:
         """A round of watch checks ended: ``ran`` checks ran to the end, and ``skipped``
         accepted frames since the round before got no check (the model was busy, or too soon)."""
 
+    def captions(self, written: int, skipped: int) -> None:
+        """Moments' captions: ``written`` by the engine, ``skipped`` (a newer moment came first,
+        or the engine wrote nothing)."""
+
 
 class Observers(SessionObserver):
     """Several observers as one, called in order."""
@@ -77,3 +81,7 @@ class Observers(SessionObserver):
     def checks(self, ran: int, skipped: int) -> None:
         for observer in self.observers:
             observer.checks(ran, skipped)
+
+    def captions(self, written: int, skipped: int) -> None:
+        for observer in self.observers:
+            observer.captions(written, skipped)

@@ -36,6 +36,7 @@ def memory_policy(settings: Settings) -> MemoryPolicy | None:
     return MemoryPolicy(
         default=settings.memory_default, keyframe_s=settings.memory_keyframe_s, min_keyframe_s=settings.memory_min_keyframe_s,
         scene_similarity=settings.memory_scene_similarity, max_search_moments=settings.memory_max_search_moments,
+        caption_prompt=settings.memory_caption_prompt, caption_tokens=settings.memory_caption_tokens,
     )
 
 
@@ -75,6 +76,15 @@ async def sweep_memory(memory: Memory, max_age_s: float) -> None:
             continue
         if deleted:
             log.info("memory sweep deleted %d records older than %.0f s", deleted, max_age_s)
+
+
+def memory_summary(memory: Memory | None, captions: dict[str, int]) -> dict[str, object] | None:
+    """The memory's counts for ``/metrics.json`` (None: the server keeps no memory)."""
+    if memory is None:
+        return None
+    writer = memory.writer
+    return {"backend": memory.store.backend, "written": writer.written, "pending": writer.pending,
+            "dropped": writer.dropped, "failed": writer.failed, **captions}
 
 
 async def moments_listing(memory: Memory | None, session_id: str, query: Mapping[str, str]) -> Response:

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 from handlers.core.effects import (
+    Caption,
+    Captioned,
     Check,
     Checked,
     FindMemory,
     ForgetMemory,
+    KeepCaption,
     KeepMoment,
     KeepNote,
     LoadMoments,
@@ -22,6 +25,7 @@ from handlers.core.effects import (
     Send,
     StartAnswer,
     Stop,
+    Tally,
 )
 from handlers.core.events import ErrorReported, FramesConsumed, MemoryCleared, MemoryProgress, MemoryResults
 from handlers.core.memory import Keyframes, RecalledMoment, resolve_range
@@ -31,7 +35,8 @@ from handlers.wire.errors import SessionError
 from tests.core.run_core import At, Handle, Read, Reply, Warm, ask, client, frame, machine, run_core
 from tests.protocol_client import jpeg_frame
 
-POLICY = MemoryPolicy(keyframe_s=10.0, min_keyframe_s=0.5, scene_similarity=0.1)
+POLICY = MemoryPolicy(keyframe_s=10.0, min_keyframe_s=0.5, scene_similarity=0.1, caption_tokens=0)
+CAPTIONED = MemoryPolicy(keyframe_s=10.0, min_keyframe_s=0.5, scene_similarity=0.1, caption_tokens=6)
 
 
 def _thumb(value: int):  # noqa: ANN202 - a normalised thumbnail
@@ -138,3 +143,25 @@ def test_memory_asked_of_a_session_without_it_is_refused_and_forgetting_is_confi
     run = run_core([Handle(busy), Handle(busy)], core)
     error = next(e.event for e in run.effects if isinstance(e, Send) and isinstance(e.event, ErrorReported))
     assert error.code == "memory_busy"
+
+
+def test_each_moment_is_captioned_on_the_warm_prefix_after_the_sessions_own_work() -> None:
+    """A keyframe makes its caption due: it runs once the prefix is warm (a silent engine job),
+    its words are kept for the moment; a question stops it and it runs again after the answer;
+    a caption still waiting when the next moment comes is skipped and counted."""
+    core = machine(memory_policy=CAPTIONED)
+    run = run_core([frame(1, 1)], core)
+    assert not any(isinstance(e, Caption) for e in run.effects)  # the prefill goes first
+    run = run_core([Warm()], core)
+    step = run.newest(Caption).step
+    assert step.tokens == CAPTIONED.caption_tokens and step.prompt.turns[-1].segments[-1].text.endswith(
+        CAPTIONED.caption_prompt)
+    run = run_core([*ask("what?")], core)
+    assert any(isinstance(e, Stop) and e.job is step for e in run.effects)
+    run = run_core([Captioned(step, None), Reply("a cup")], core)
+    again = run.newest(Caption).step
+    assert again is not step and again.at_ms == step.at_ms
+    run = run_core([Captioned(again, " a red screen ")], core)
+    assert KeepCaption(step.at_ms, "a red screen") in run.effects and Tally("captions") in run.effects
+    run = run_core([At(102.0), frame(9, 2), At(104.0), frame(17, 3)], core)
+    assert Tally("captions_skipped") in run.effects

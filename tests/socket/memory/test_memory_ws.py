@@ -34,13 +34,15 @@ def colours_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     data = tmp_path_factory.mktemp("memory-data")
     url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else None
     settings = Settings(model=str(shipped_model_dir(DEMO_FAMILY)), resume_grace_s=0, data_dir=data,
-                        memory_url=url, memory_keyframe_s=3600, memory_min_keyframe_s=0)
+                        memory_url=url, memory_keyframe_s=3600, memory_min_keyframe_s=0,
+                        memory_caption_prompt="What colour is the screen?", memory_caption_tokens=3)
     with run_server(settings) as running:
         yield running
 
 
-async def _stream_scenes(client: Client) -> list[tuple[float, float]]:
-    """Each scene's frames sent; each scene's span (its first and last frame's receipt, ms)."""
+async def _stream_scenes(client: Client, http: httpx.AsyncClient, session_id: str) -> list[tuple[float, float]]:
+    """Each scene's frames sent, then its moment's caption waited for; each scene's span (its
+    first and last frame's receipt, ms)."""
     rng = np.random.default_rng(5)
     spans = []
     frame_id = 0
@@ -53,6 +55,9 @@ async def _stream_scenes(client: Client) -> list[tuple[float, float]]:
             assert ack["accepted"], ack
             times.append(ack["server_receive_ts_ms"])
         spans.append((times[0], times[-1]))
+        with anyio.fail_after(30):  # written when the engine is idle, after the scene's prefills
+            while not (await _moments(http, session_id, len(spans)))[-1]["caption"]:
+                await anyio.sleep(0.05)
     return spans
 
 
@@ -69,17 +74,19 @@ async def _moments(http: httpx.AsyncClient, session_id: str, count: int) -> list
 async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_then_forgotten(
     colours_server: RunningServer,
 ) -> None:
-    """Eight scenes, three frames each, through a six-frame window: one moment a scene; a
-    question about each scene's range is shown its keyframe and names its colour; the live
-    window is untouched; "Is the screen blue?" finds exactly the blue scenes; "blue" finds the
-    answers that said it; keyframes are served; memory.clear removes it all from the database
-    file and the session goes on."""
+    """Eight scenes, three frames each, through a six-frame window: one moment a scene, each
+    captioned with its colour; a question about each scene's range is shown its keyframe and
+    names its colour; the live window is untouched; "Is the screen blue?" finds exactly the
+    blue scenes; "blue" finds their captions and the answers that said it; keyframes are
+    served; memory.clear removes it all from the database file and the session goes on."""
     client, ready = await connect(colours_server, max_frames=WINDOW, sampling={"max_tokens": 3, "temperature": 0})
     session_id = ready["session_id"]
     try:
-        spans = await _stream_scenes(client)
         async with httpx.AsyncClient(base_url=colours_server.http_url) as http:
+            spans = await _stream_scenes(client, http, session_id)
             moments = await _moments(http, session_id, len(SCENES))
+            # each moment's caption, written on the warm prefix, names its scene's colour
+            assert sum(c in m["caption"].lower() for m, c in zip(moments, SCENES)) >= 0.95 * len(SCENES), moments
             # one moment a scene (each colour change is a scene change), starting at its first frame
             assert [m["start_ms"] for m in moments] == [first for first, _ in spans]
             assert all(m["end_ms"] == n["start_ms"] for m, n in zip(moments, moments[1:]))
@@ -111,11 +118,12 @@ async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_the
             assert {r["moment_id"] for r in results["results"]} == blue, results
             assert all(r["probability"] >= 0.5 for r in results["results"])
 
-            # text finds the answers that named blue, each in its moment
-            await client.send(type="memory.search", text="blue")
+            # text finds the captions of the blue scenes, and the answers that named blue
+            await client.send(type="memory.search", text="blue", limit=50)
             by_text = (await client.recv_type("memory.results"))["results"]
-            assert by_text and all(r["kind"] == "answer" and "blue" in r["match"].lower() for r in by_text)
-            assert {r["moment_id"] for r in by_text} <= {m["moment_id"] for m in moments}
+            assert {r["moment_id"] for r in by_text if r["kind"] == "caption"} == blue, by_text
+            assert {r["kind"] for r in by_text} == {"caption", "answer"}
+            assert all("blue" in r["match"].lower() for r in by_text)
 
             # each keyframe is served as a JPEG at the model's size
             jpeg = await http.get(results["results"][0]["url"])
