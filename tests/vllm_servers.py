@@ -110,7 +110,8 @@ class VllmServer:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
                     vllm_server_command(self.model_dir, self.port, self.extra), stdout=log, stderr=subprocess.STDOUT,
-                    env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True,
+                    # dev mode: POST /reset_prefix_cache and /reset_mm_cache empty its caches (``forget``)
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}, start_new_session=True,
                 )
 
     def ready(self) -> VllmServer:
@@ -134,6 +135,15 @@ class VllmServer:
         """Stop the server and start it again on the same port (its caches empty); wait for it."""
         self.stop()
         self.ready()
+
+    def forget(self) -> None:
+        """Empty the server's prefix and multimodal caches, as a restart would, in a moment
+        rather than the half minute a restart takes."""
+        import httpx
+
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
+            httpx.post(self.url + path, headers=headers, timeout=30).raise_for_status()
 
 
 class VllmServers:
