@@ -292,6 +292,10 @@ class Settings(BaseSettings):
         description="what the model is asked for each moment's caption (on the warm prefix)",
     )
     memory_caption_tokens: int = Field(12, ge=0, le=64, description="a moment's caption at most this long (0: no captions)")
+    memory_context_chars: int = Field(
+        400, ge=0, le=8000,
+        description="a question carries the captions of what left the window, at most this many characters (0: none)",
+    )
     memory_max_age_s: float = Field(7 * 86400.0, gt=0, description="moments and notes older than this are deleted")
     memory_max_session_bytes: int = Field(
         256 * MiB, ge=MiB, description="a session's stored bytes; past it its oldest moments are deleted"

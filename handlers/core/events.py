@@ -89,6 +89,7 @@ class SessionReady(Event):
     resume_token: str | None = None
     resumed: bool = False
     last_frame_id: FrameId | None = None
+    memory_id: str | None = None  # what the session's memory is kept under (None: it keeps none)
 
 
 class ConfigUpdated(Event):

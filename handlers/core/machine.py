@@ -121,7 +121,7 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
     #: What an executor may read (properties; ``limits`` and ``config`` are read-only values).
     SURFACE = frozenset({
         "session_id", "phase", "limits", "config", "warm_prefix", "answering", "settled", "takes_lane_input",
-        "last_frame_id", "skipped_checks",
+        "last_frame_id", "skipped_checks", "memory_id",
     })
 
     def __init__(
@@ -145,6 +145,7 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
         self._keyframes: Keyframes | None = None  # set when this session remembers
         self._search: SearchRun | None = None  # the memory search under way
         self._caption_due: float | None = None  # the moment whose caption waits for the engine
+        self.memory_id = session_id  # what its memory is kept under (an earlier session's, continued)
 
     @classmethod
     def over(cls, state: SessionCore, source: Source | None = None) -> SessionMachine:
@@ -211,11 +212,14 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
         return self.state.skipped_checks()
 
     # ------------------------------------------------------------------ configuration
-    def configure(self, config: SessionConfig) -> SessionReady:
-        """Apply the first message; returns ``SessionReady``. Raises ``invalid_config``."""
+    def configure(self, config: SessionConfig, memory_of: str | None = None) -> SessionReady:
+        """Apply the first message; returns ``SessionReady``. ``memory_of``: the earlier session
+        whose memory this one continues (its client came back with its handle). Raises
+        ``invalid_config``."""
         ready = self.state.configure(config)
         self._remembering(config.memory.enabled)
-        return ready
+        self.memory_id = memory_of or self.state.session_id
+        return ready.model_copy(update={"memory_id": self.memory_id if self._keyframes is not None else None})
 
     def resumed(self, first: SessionReady) -> SessionReady:
         """Taken back by its client: the ``SessionReady`` to send (its buffered frames, all

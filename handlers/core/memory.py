@@ -82,6 +82,40 @@ class Keyframes:
         return due
 
 
+#: Captions a session holds for its prompts' context (the newest).
+EARLIER_CAPTIONS = 64
+
+
+class Earlier:
+    """The captions of the session's moments, for the context of its questions: what left
+    the window, told in a line of text (see ``render``)."""
+
+    def __init__(self) -> None:
+        self._captions: deque[tuple[float, str]] = deque(maxlen=EARLIER_CAPTIONS)
+
+    def add(self, start_ms: float, caption: str) -> None:
+        self._captions.append((start_ms, " ".join(caption.split())))
+
+    def render(self, before_ms: float, origin_ms: float, budget_chars: int) -> str | None:
+        """The captions of the moments that started before ``before_ms`` (the window's first
+        frame), each with its span in seconds since ``origin_ms`` (the session's first frame),
+        the newest that fit in ``budget_chars``; None when there are none."""
+        captions = sorted(c for c in self._captions if c[0] < before_ms)
+        spans = [(start, captions[n + 1][0] if n + 1 < len(captions) else before_ms, text)
+                 for n, (start, text) in enumerate(captions)]
+        lines: list[str] = []
+        used = 0
+        for start, end, text in reversed(spans):
+            line = f"[{max(0.0, (start - origin_ms) / 1000):.1f}s-{max(0.0, (end - origin_ms) / 1000):.1f}s] {text}"
+            if used + len(line) + 1 > budget_chars:
+                break
+            lines.append(line)
+            used += len(line) + 1
+        if not lines:
+            return None
+        return "Earlier, before these frames:\n" + "\n".join(reversed(lines))
+
+
 def resolve_range(from_ms: float | None, to_ms: float | None, now_ms: float) -> tuple[float, float]:
     """The span ``from_ms``..``to_ms`` in wall-clock ms (negative: that long before now;
     absent: the start of time, or now). Raises ``invalid_message`` for an empty span."""

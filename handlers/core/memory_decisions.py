@@ -56,6 +56,7 @@ class MemoryDecisions:
         policy = self._memory
         enabled = policy is not None and (policy.default if config_enabled is None else config_enabled)
         self._keyframes = Keyframes(policy) if enabled and policy is not None else None
+        self.state.earlier_chars = policy.context_chars if self._keyframes is not None and policy is not None else 0
 
     def _need_memory(self) -> MemoryPolicy:
         if self._memory is None or self._keyframes is None:
@@ -131,7 +132,7 @@ class MemoryDecisions:
 
     def _memory_found(self, result: MemoryFound, now: Now) -> list[Effect]:
         run = result.run
-        session = self.state.session_id
+        session = self.memory_id
         text_hits = [
             MemoryHit(moment_id=h.moment.moment_id, start_ms=h.moment.start_ms, end_ms=h.moment.end_ms,
                       match=h.text, kind=h.kind, caption=h.moment.caption, url=moment_url(session, h.moment.moment_id))
@@ -198,7 +199,7 @@ class MemoryDecisions:
         effects: list[Effect] = []
         if result.results is not None and not preempted:
             by_id = {str(m.moment_id): m for m in run.batch}
-            session = self.state.session_id
+            session = self.memory_id
             for moment_id, probability, _ms in result.results:
                 moment = by_id[moment_id]
                 run.checked += 1
@@ -240,6 +241,7 @@ class MemoryDecisions:
         text = (result.text or "").strip()
         if text and not stopped:
             effects += [KeepCaption(step.at_ms, text), Tally("captions")]
+            self.state.earlier.add(step.at_ms, text)
         elif stopped and self._caption_due is None:
             self._caption_due = step.at_ms
         else:

@@ -41,7 +41,8 @@ class MemoryPolicy:
     """The server's memory settings a session needs: whether sessions remember unless they
     say (``default``), how often a keyframe is kept at least (``keyframe_s``) and at most
     (``min_keyframe_s``, for scene changes), what a scene change is, how many moments one
-    search may check, what a moment's caption is asked and how long it may be."""
+    search may check, what a moment's caption is asked and how long it may be, and how much
+    of the captions of what left the window a question's prompt carries."""
 
     default: bool = True
     keyframe_s: float = 10.0
@@ -50,6 +51,7 @@ class MemoryPolicy:
     max_search_moments: int = 3600
     caption_prompt: str = "Describe what you see in a few words."
     caption_tokens: int = 12  # 0: no captions
+    context_chars: int = 400  # the captions of what left the window a question carries (0: none)
 
 
 def _any_voice(voice: str) -> bool:

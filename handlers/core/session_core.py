@@ -40,6 +40,7 @@ from handlers.media.preparation import PreparedFrame
 from handlers.core.answer import Answer, Outcome
 from handlers.core.jobs import CheckStep
 from handlers.core.hearing import Hearing
+from handlers.core.memory import Earlier
 from handlers.core.lifecycle import EngineSlot
 from handlers.core.planning import Planning
 from handlers.core.timeline_prompts import TimelinePrompts
@@ -110,6 +111,8 @@ class SessionCore(Hearing, Planning, TimelinePrompts, WindowSlide):
         self._idle_since = 0  # the stream sample the silence counts from
         self._speech_items = itertools.count(1)
         self.watches = WatchBook(limits.max_watches, limits.max_answer_tokens)
+        self.earlier = Earlier()  # the captions of what left the window, for questions' context
+        self.earlier_chars = 0  # how much of them a question carries (0: none)
         self.check_rounds = CheckSchedule(limits.min_check_interval_ms / 1000)
         self.slide: Slide | None = None  # the window slide under way (``window_slide``)
 

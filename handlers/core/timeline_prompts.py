@@ -44,7 +44,19 @@ class TimelinePrompts:
         usable = [f for f in answer.frames if f.image is not None]
         timeline.admit(usable, newest=usable[-1] if usable else None)
         answer.used = timeline.frames
-        return replace(self._render(answer.question, answer.audio, answer.instructions), spoken=answer.spoken)
+        question = answer.question
+        earlier = self._earlier_text()
+        if earlier is not None:
+            question = answer.asked_as = f"{earlier}\n\n{question}" if question else earlier
+        return replace(self._render(question, answer.audio, answer.instructions), spoken=answer.spoken)
+
+    def _earlier_text(self) -> str | None:
+        """What left the window, as the captions of its moments (in the question's turn, so
+        the warm prefix never changes for it)."""
+        frames, origin = self.timeline.frames, self.origin
+        if not self.earlier_chars or not frames or origin is None:
+            return None
+        return self.earlier.render(frames[0].receive_ts_ms, origin.receive_ts_ms, self.earlier_chars)
 
     def _render_context(self, answer: Answer) -> Prompt:
         """An answer's own ``input``: its messages in order, the frames first, the last user
@@ -95,7 +107,8 @@ class TimelinePrompts:
             heard = heard_text(reply, answer.heard_ms)
             cut = tuple(p for p in pieces if p[0] <= answer.heard_ms)
             reply = Message("assistant", heard, (answer.item_id,), (*cut, (float(answer.heard_ms), "")))
-        question = Message("user", answer.question, tuple(answer.input_ids))
+        # as the prompt put it, so the next prompt renders the same words (the engine's cache holds them)
+        question = Message("user", answer.asked_as or answer.question, tuple(answer.input_ids))
         if answer.context is not None:
             self.close_open_turn([] if answer.deleted else [reply])
         else:

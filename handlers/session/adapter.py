@@ -41,7 +41,7 @@ from handlers.session.memory_jobs import Memory
 from handlers.session.executor import Executor
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import SessionObserver
-from handlers.session.resume import ParkedSession, ParkingLot
+from handlers.session.resume import ParkedSession, ParkingLot, digest
 from handlers.session.transport import Disconnected, Transport
 from handlers.session.voice import voice_paths
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
@@ -227,23 +227,52 @@ class Session:
         """Configure a new session, or take back the parked one whose token the config carries;
         sends ``session.ready`` (with a fresh resume token when resume is on)."""
         parked = None
+        remembered = None  # an earlier session's memory, found by its handle
         if config.resume_token and self.parking is not None:
             try:
                 parked = self.parking.claim(config.resume_token, self.owner)
             except SessionError as exc:
-                await self.report(exc)  # then a new session with this config
+                remembered = await self._handle_memory(config.resume_token)
+                if remembered is None:
+                    await self.report(exc)  # then a new session with this config
+            else:
+                await self._handle_memory(config.resume_token)  # used: it never works again
         if parked is not None:
             self.id, self.core = parked.session_id, parked.core
             log_context.session_id.set(self.id)
             ready = self.core.resumed(parked.ready)
             log.info("session resumed at frame %r", self.core.last_frame_id)
         else:
-            ready = self.core.configure(config)
+            ready = self.core.configure(config, memory_of=remembered)
+            if remembered is not None:
+                log.info("session continues the memory of session %s", remembered[:8])
         self._ready = ready.model_copy(update={"resumed": False, "last_frame_id": None})
         if self.parking is not None:
             self._resume_token = self.parking.new_token()
             ready = ready.model_copy(update={"resume_token": self._resume_token})
+            await self._keep_handle(self._resume_token, ready.memory_id)
         await self.send(ready)
+
+    async def _handle_memory(self, token: str) -> str | None:
+        """The memory id a resume token (of a session no longer parked: closed, expired, on
+        another server or before a restart) continues, taken from the store (single use)."""
+        if self.memory is None:
+            return None
+        try:
+            return await self.memory.store.take_handle(digest(token), self.owner)
+        except (OSError, RuntimeError) as exc:
+            log.warning("the memory store could not be asked for a handle: %s", exc)
+            return None
+
+    async def _keep_handle(self, token: str, memory_id: str | None) -> None:
+        """Let ``token`` find this session's memory (``memory_id``; None: it keeps none) again
+        after its connection ends."""
+        if self.memory is None or memory_id is None:
+            return
+        try:
+            await self.memory.store.keep_handle(digest(token), memory_id, self.owner, time.time() * 1000)
+        except (OSError, RuntimeError) as exc:
+            log.warning("the memory store could not keep a handle: %s", exc)
 
     def _parkable(self) -> bool:
         """True when the connection dropped from a ready session that can be resumed."""

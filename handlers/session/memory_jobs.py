@@ -142,7 +142,7 @@ class MemoryJobs:
 
     async def _keep(self, effect: KeepMoment | KeepNote | KeepCaption, origin: Origin | None) -> None:
         if self.memory is not None:
-            self.memory.writer.put(self.core.session_id, effect)
+            self.memory.writer.put(self.core.memory_id, effect)
 
     async def _caption(self, effect: Caption, origin: Origin | None) -> None:
         scope = self._scopes[id(effect.step)] = anyio.CancelScope()  # a Stop may come before it runs
@@ -174,13 +174,13 @@ class MemoryJobs:
 
     async def _recall(self, effect: Recall, origin: Origin | None) -> None:
         """A question's range read back, in its lane."""
-        found = await self._store().spread(self.core.session_id, effect.from_ms, effect.to_ms, effect.n)
+        found = await self._store().spread(self.core.memory_id, effect.from_ms, effect.to_ms, effect.n)
         moments = await blocking.run_blocking(lambda: [_recalled(m, jpeg) for m, jpeg in found])
         await self.result(Recalled(effect.event, effect.received, moments), origin)
 
     async def _find_memory(self, effect: FindMemory, origin: Origin | None) -> None:
         """A search's range listed and its text searched, in its lane."""
-        store, session, run = self._store(), self.core.session_id, effect.run
+        store, session, run = self._store(), self.core.memory_id, effect.run
         listed: list[RecalledMoment] = []
         text: list[TextFound] = []
         if run.event.condition:
@@ -197,7 +197,7 @@ class MemoryJobs:
 
     async def _load(self, effect: LoadMoments, origin: Origin | None) -> None:
         """A search's next keyframes, beside the session's other work."""
-        store, session = self._store(), self.core.session_id
+        store, session = self._store(), self.core.memory_id
         moments: list[RecalledMoment] = []
         try:
             for moment in effect.moments:
@@ -212,7 +212,7 @@ class MemoryJobs:
         """Everything the session remembers deleted, in its lane (queued writes first)."""
         assert self.memory is not None
         await self.memory.writer.flush()
-        deleted = await self._store().clear(self.core.session_id)
+        deleted = await self._store().clear(self.core.memory_id)
         await self.result(MemoryForgotten(deleted), origin)
 
 

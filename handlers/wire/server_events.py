@@ -27,6 +27,7 @@ class SessionReady(ServerEvent):
     resume_token: str | None = None  # send it in session.config to get this session back after a drop
     resumed: bool = False
     last_frame_id: FrameId | None = None  # resumed: the last frame the server took
+    memory_id: str | None = None  # the session's memory: its own id, or the earlier session's it continues
 
 
 class FrameAck(ServerEvent):

@@ -10,6 +10,12 @@ advisory lock (schema creation, eviction across sessions), then one session's ro
 its session's row first, so the moments of one session are chained one at a time; eviction across
 sessions runs in transactions of its own after the write commits.
 
+Resume handles are a table of their own, with no foreign key (a session's row goes with its last
+moment and note; its handles stay until used, cleared or swept). Keeping a handle, and a clear's
+deletion of handles (after its session row), hold an advisory lock of the handle's session, so
+racing keeps leave at most ``MAX_HANDLES_PER_SESSION``; a take is one single-row DELETE that decides
+who gets the session, and a sweep skips handle rows others hold, so none of them waits in a cycle.
+
 What PostgreSQL cannot promise: a cleared session's rows stay in the table files as dead tuples
 until VACUUM reuses their space, and in the write-ahead log until it is recycled.
 """
@@ -21,14 +27,17 @@ import math
 import asyncpg
 
 from server.memory.store import (
+    MAX_HANDLES_PER_SESSION,
     MemoryLimits,
     MemoryStore,
     Moment,
     Note,
     TextHit,
+    checked_handle,
     checked_kind,
     checked_session,
     clamped,
+    same_owner,
     search_words,
     spread_instants,
     stored_text,
@@ -37,6 +46,8 @@ from server.memory.store import (
 
 #: The advisory lock key of the schema's creation and of store-wide deletions.
 _STORE_LOCK = 0x6C69766573696768  # "livesigh"
+#: The first key of a session's handle lock (the second is its id's hash): a key space apart from _STORE_LOCK.
+_HANDLES_LOCK = 0x68616E64  # "hand"
 
 SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS livesight;
@@ -75,6 +86,15 @@ CREATE INDEX IF NOT EXISTS notes_by_session ON livesight.notes (session_id, at_m
 CREATE INDEX IF NOT EXISTS notes_by_moment ON livesight.notes (moment_id);
 CREATE INDEX IF NOT EXISTS notes_by_age ON livesight.notes (at_ms, note_id);
 CREATE INDEX IF NOT EXISTS notes_words ON livesight.notes USING gin (to_tsvector('simple', text));
+CREATE TABLE IF NOT EXISTS livesight.handles (
+    kept bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    handle text NOT NULL UNIQUE,
+    session_id text NOT NULL,
+    owner text NOT NULL,
+    at_ms double precision NOT NULL
+);
+CREATE INDEX IF NOT EXISTS handles_by_session ON livesight.handles (session_id, at_ms, kept);
+CREATE INDEX IF NOT EXISTS handles_by_age ON livesight.handles (at_ms);
 
 CREATE OR REPLACE FUNCTION livesight.count_bytes() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -129,6 +149,11 @@ async def _lock_session(db: asyncpg.Connection, session_id: str) -> None:
         " ON CONFLICT (session_id) DO UPDATE SET bytes = livesight.sessions.bytes", session_id)
 
 
+async def _lock_handles(db: asyncpg.Connection, session_id: str) -> None:
+    """Hold the lock of the session's handles until the transaction ends."""
+    await db.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _HANDLES_LOCK, session_id)
+
+
 async def _usage(db: asyncpg.Connection, session_id: str | None) -> int:
     if session_id is None:
         return await db.fetchval("SELECT COALESCE(sum(bytes), 0)::bigint FROM livesight.sessions")
@@ -160,7 +185,8 @@ class PostgresMemoryStore(MemoryStore):
         try:
             async with pool.acquire() as db, db.transaction():
                 await db.execute("SELECT pg_advisory_xact_lock($1)", _STORE_LOCK)
-                if await db.fetchval("SELECT to_regclass('livesight.notes')") is None:
+                # The newest table: a database made before it gets the rest again, each part idempotent.
+                if await db.fetchval("SELECT to_regclass('livesight.handles')") is None:
                     await db.execute(SCHEMA)
         except BaseException:
             await pool.close()
@@ -231,6 +257,8 @@ class PostgresMemoryStore(MemoryStore):
             deleted = _count(await db.execute("DELETE FROM livesight.notes WHERE session_id = $1", session_id))
             deleted += _count(await db.execute("DELETE FROM livesight.moments WHERE session_id = $1", session_id))
             await db.execute("DELETE FROM livesight.sessions WHERE session_id = $1", session_id)
+            await _lock_handles(db, session_id)
+            await db.execute("DELETE FROM livesight.handles WHERE session_id = $1", session_id)
         return deleted
 
     async def sweep(self, now_ms: float) -> int:
@@ -253,7 +281,38 @@ class PostgresMemoryStore(MemoryStore):
                         "DELETE FROM livesight.sessions WHERE session_id = $1"
                         " AND NOT EXISTS (SELECT 1 FROM livesight.moments WHERE session_id = $1)"
                         " AND NOT EXISTS (SELECT 1 FROM livesight.notes WHERE session_id = $1)", session_id)
+            await db.execute(
+                "DELETE FROM livesight.handles WHERE kept IN (SELECT kept FROM livesight.handles WHERE at_ms < $1"
+                " FOR UPDATE SKIP LOCKED)", cutoff)
         return deleted
+
+    async def keep_handle(self, handle: str, session_id: str, owner: str, at_ms: float) -> None:
+        handle, owner = checked_handle(handle, owner)
+        session_id, at_ms = checked_session(session_id), float(at_ms)
+        async with self.pool.acquire() as db, db.transaction():
+            await _lock_handles(db, session_id)
+            # A new ``kept`` on replacing too: a take that read the old row then deletes nothing.
+            await db.execute(
+                "INSERT INTO livesight.handles (handle, session_id, owner, at_ms) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (handle) DO UPDATE SET kept = DEFAULT, session_id = EXCLUDED.session_id,"
+                " owner = EXCLUDED.owner, at_ms = EXCLUDED.at_ms", handle, session_id, owner, at_ms)
+            await db.execute(
+                "DELETE FROM livesight.handles WHERE session_id = $1 AND kept NOT IN (SELECT kept FROM"
+                " livesight.handles WHERE session_id = $1 ORDER BY at_ms DESC, kept DESC LIMIT $2)",
+                session_id, MAX_HANDLES_PER_SESSION)
+
+    async def take_handle(self, handle: str, owner: str) -> str | None:
+        try:
+            handle, owner = checked_handle(handle, owner)
+        except ValueError:  # no store could have kept it
+            return None
+        async with self.pool.acquire() as db:
+            row = await db.fetchrow("SELECT kept, session_id, owner FROM livesight.handles WHERE handle = $1", handle)
+            if row is None or not same_owner(row["owner"], owner):
+                return None
+            # The DELETE decides: of concurrent takers, only the one whose DELETE removed the row gets it.
+            return await db.fetchval(
+                "DELETE FROM livesight.handles WHERE kept = $1 RETURNING session_id", row["kept"])
 
     async def _delete_past_limit(
         self, db: asyncpg.Connection, session_id: str, keep_moment: int | None, keep_note: int | None

@@ -33,11 +33,27 @@ def memory_policy(settings: Settings) -> MemoryPolicy | None:
     """What sessions need of the memory settings; None when the server keeps no memory."""
     if _off(settings):
         return None
+    context = settings.memory_context_chars if _reads_context(settings) else 0
     return MemoryPolicy(
         default=settings.memory_default, keyframe_s=settings.memory_keyframe_s, min_keyframe_s=settings.memory_min_keyframe_s,
         scene_similarity=settings.memory_scene_similarity, max_search_moments=settings.memory_max_search_moments,
         caption_prompt=settings.memory_caption_prompt, caption_tokens=settings.memory_caption_tokens,
+        context_chars=context,
     )
+
+
+def _reads_context(settings: Settings) -> bool:
+    """False for a model trained on one fixed prompt form (the demo colours models, whose card
+    says so): text before its question moves it off its answers."""
+    from server.models.demo import DEMO_FAMILY, declared_prompt_frames, shipped_model_dir
+
+    if settings.engine == "openai":
+        return True
+    model = settings.model or str(shipped_model_dir(DEMO_FAMILY))
+    if declared_prompt_frames(model) is not None:
+        log.info("memory: the model's prompts carry no captions of earlier moments (its card fixes its prompt)")
+        return False
+    return True
 
 
 def _off(settings: Settings) -> bool:

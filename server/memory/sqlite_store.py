@@ -4,7 +4,9 @@ One connection, used by one job at a time through a limiter of one slot (``serve
 every statement runs off the event loop and calls never interleave. WAL with ``synchronous=NORMAL``
 (a commit does not wait for the disk; a power cut may lose the last ones, never corrupt the file),
 ``secure_delete`` (freed pages are zeroed) and a WAL checkpoint after ``clear`` so a cleared
-session's bytes are gone from both files. Text search is FTS5 over notes and captions (two
+session's bytes are gone from both files. Resume handles are a table of their own, with no foreign
+key: a session's row goes with its last moment and note, its handles stay until used, cleared or
+swept. Text search is FTS5 over notes and captions (two
 external-content indexes kept in step by triggers); triggers also keep each session's byte count.
 A sweep zeroes the pages it frees too, but leaves the WAL and the FTS5 index to their own automatic
 checkpoints and merges.
@@ -24,14 +26,17 @@ import anyio
 
 from server.blocking import run_blocking
 from server.memory.store import (
+    MAX_HANDLES_PER_SESSION,
     MemoryLimits,
     MemoryStore,
     Moment,
     Note,
     TextHit,
+    checked_handle,
     checked_kind,
     checked_session,
     clamped,
+    same_owner,
     search_words,
     spread_instants,
     stored_text,
@@ -72,6 +77,15 @@ CREATE TABLE IF NOT EXISTS notes (
 CREATE INDEX IF NOT EXISTS notes_by_session ON notes (session_id, at_ms);
 CREATE INDEX IF NOT EXISTS notes_by_moment ON notes (moment_id);
 CREATE INDEX IF NOT EXISTS notes_by_age ON notes (at_ms);
+CREATE TABLE IF NOT EXISTS handles (
+    kept INTEGER PRIMARY KEY,
+    handle TEXT NOT NULL UNIQUE,
+    session_id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    at_ms REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS handles_by_session ON handles (session_id, at_ms);
+CREATE INDEX IF NOT EXISTS handles_by_age ON handles (at_ms);
 CREATE VIRTUAL TABLE IF NOT EXISTS notes_fts USING fts5 (text, content='notes', content_rowid='note_id');
 CREATE VIRTUAL TABLE IF NOT EXISTS captions_fts USING fts5 (caption, content='moments', content_rowid='moment_id');
 
@@ -226,6 +240,7 @@ class SqliteDatabase:
             deleted = db.execute("DELETE FROM notes WHERE session_id = ?", (session_id,)).rowcount
             deleted += db.execute("DELETE FROM moments WHERE session_id = ?", (session_id,)).rowcount
             db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM handles WHERE session_id = ?", (session_id,))
             if deleted:
                 # FTS5 only marks deleted rows; merging the index into one segment drops their words.
                 db.execute("INSERT INTO notes_fts (notes_fts) VALUES ('optimize')")
@@ -245,7 +260,29 @@ class SqliteDatabase:
                 "DELETE FROM sessions"
                 " WHERE NOT EXISTS (SELECT 1 FROM moments m WHERE m.session_id = sessions.session_id)"
                 " AND NOT EXISTS (SELECT 1 FROM notes n WHERE n.session_id = sessions.session_id)")
+            db.execute("DELETE FROM handles WHERE at_ms < ?", (cutoff,))
         return deleted
+
+    def keep_handle(self, handle: str, session_id: str, owner: str, at_ms: float) -> None:
+        """See ``MemoryStore.keep_handle``."""
+        with self._transaction() as db:
+            # REPLACE gives the row a new ``kept``: of handles kept at one instant, the later is the newer.
+            db.execute(
+                "INSERT OR REPLACE INTO handles (handle, session_id, owner, at_ms) VALUES (?, ?, ?, ?)",
+                (handle, session_id, owner, at_ms))
+            db.execute(
+                "DELETE FROM handles WHERE session_id = :sid AND kept NOT IN (SELECT kept FROM handles"
+                " WHERE session_id = :sid ORDER BY at_ms DESC, kept DESC LIMIT :most)",
+                {"sid": session_id, "most": MAX_HANDLES_PER_SESSION})
+
+    def take_handle(self, handle: str, owner: str) -> str | None:
+        """See ``MemoryStore.take_handle``."""
+        with self._transaction() as db:
+            row = db.execute("SELECT kept, session_id, owner FROM handles WHERE handle = ?", (handle,)).fetchone()
+            if row is None or not same_owner(row[2], owner):
+                return None
+            taken = db.execute("DELETE FROM handles WHERE kept = ?", (row[0],)).rowcount
+        return row[1] if taken else None
 
     def _enforce_limits(self, session_id: str, keep_moment: int | None = None, keep_note: int | None = None) -> None:
         """Delete the oldest moments (each with its notes) of the session past its limit, then of
@@ -446,6 +483,17 @@ class SqliteMemoryStore(MemoryStore):
 
     async def sweep(self, now_ms: float) -> int:
         return await self._run(self._database.sweep, float(now_ms))
+
+    async def keep_handle(self, handle: str, session_id: str, owner: str, at_ms: float) -> None:
+        handle, owner = checked_handle(handle, owner)
+        await self._run(self._database.keep_handle, handle, checked_session(session_id), owner, float(at_ms))
+
+    async def take_handle(self, handle: str, owner: str) -> str | None:
+        try:
+            handle, owner = checked_handle(handle, owner)
+        except ValueError:  # no store could have kept it
+            return None
+        return await self._run(self._database.take_handle, handle, owner)
 
     async def usage(self, session_id: str | None = None) -> int:
         return await self._run(self._database.usage, session_id)

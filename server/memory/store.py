@@ -8,11 +8,16 @@ firing, a caption), tied to the moment current at that instant.
 A range ``[from_ms, to_ms]`` holds the moment current at ``from_ms`` and every moment starting by
 ``to_ms``, and the notes whose time lies in it. Stored bytes are JPEG bytes plus the UTF-8 bytes
 of captions and notes; past a limit, the oldest moments go first, each with its notes.
+
+A *resume handle* (a digest of a resume token) lets a client that reconnects, to this server or to
+another one sharing the store, find a session's memory again. Handles are kept apart from the
+timeline: they count no bytes, the limits never delete them, and each one is taken only once.
 """
 
 from __future__ import annotations
 
 import abc
+import hmac
 import re
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -26,6 +31,10 @@ MAX_ITEMS = 1000
 MAX_SESSION_ID = 128
 #: The most words of a search that are matched (the rest are ignored).
 MAX_SEARCH_WORDS = 32
+#: The longest resume handle, and the longest owner, a store accepts.
+MAX_HANDLE = 128
+#: The most resume handles one session keeps; keeping more deletes its oldest.
+MAX_HANDLES_PER_SESSION = 16
 
 _WORD = re.compile(r"\w+")
 
@@ -135,13 +144,26 @@ class MemoryStore(abc.ABC):
 
     @abc.abstractmethod
     async def clear(self, session_id: str) -> int:
-        """Delete everything of the session, its bytes gone from the files where the backend can.
-        Returns the moments and notes deleted."""
+        """Delete everything of the session (its resume handles too), its bytes gone from the files
+        where the backend can. Returns the moments and notes deleted."""
 
     @abc.abstractmethod
     async def sweep(self, now_ms: float) -> int:
-        """Delete moments that ended and notes made more than ``max_age_s`` before ``now_ms``.
-        Returns the moments and notes deleted."""
+        """Delete moments that ended, notes made and resume handles kept more than ``max_age_s``
+        before ``now_ms``. Returns the moments and notes deleted."""
+
+    @abc.abstractmethod
+    async def keep_handle(self, handle: str, session_id: str, owner: str, at_ms: float) -> None:
+        """Remember that ``handle`` resumes the session's memory for a client presenting ``owner`` (a
+        digest of its API key, "" when keys are off), replacing any row of the same handle; past
+        ``MAX_HANDLES_PER_SESSION`` the session's oldest handles are deleted. Raises ValueError for an
+        empty handle, or a handle or owner longer than ``MAX_HANDLE`` or holding NUL."""
+
+    @abc.abstractmethod
+    async def take_handle(self, handle: str, owner: str) -> str | None:
+        """The session id ``handle`` resumes when it was kept for ``owner``, deleting the handle so that
+        it never works twice (of concurrent callers, only one gets the id); None otherwise. A handle
+        kept for another owner stays."""
 
     @abc.abstractmethod
     async def usage(self, session_id: str | None = None) -> int:
@@ -157,6 +179,19 @@ def checked_session(session_id: str) -> str:
     if not session_id or len(session_id) > MAX_SESSION_ID or "\x00" in session_id:
         raise ValueError(f"a session id has 1 to {MAX_SESSION_ID} characters and no NUL")
     return session_id
+
+
+def checked_handle(handle: str, owner: str) -> tuple[str, str]:
+    """``handle`` and ``owner`` when a store accepts them; raises ValueError for an empty handle, or a
+    handle or owner longer than ``MAX_HANDLE`` or holding NUL."""
+    if not handle or max(len(handle), len(owner)) > MAX_HANDLE or "\x00" in handle + owner:
+        raise ValueError(f"a resume handle has 1 to {MAX_HANDLE} characters, its owner at most as many, and no NUL")
+    return handle, owner
+
+
+def same_owner(kept: str, presented: str) -> bool:
+    """Whether ``presented`` is the owner a handle was kept for, compared in constant time."""
+    return hmac.compare_digest(kept.encode(), presented.encode())
 
 
 def checked_kind(kind: str) -> NoteKind:

@@ -20,6 +20,7 @@ from handlers.core.effects import (
     MemoryForgotten,
     MemoryFound,
     MomentsLoaded,
+    Prefill,
     Recall,
     Recalled,
     Send,
@@ -33,10 +34,15 @@ from handlers.core.negotiation import MemoryPolicy
 from handlers.media.similarity import normalised_thumbnail
 from handlers.wire.errors import SessionError
 from tests.core.run_core import At, Handle, Read, Reply, Warm, ask, client, frame, machine, run_core
+from server.engines.base import Prompt, TextSegment
 from tests.protocol_client import jpeg_frame
 
 POLICY = MemoryPolicy(keyframe_s=10.0, min_keyframe_s=0.5, scene_similarity=0.1, caption_tokens=0)
 CAPTIONED = MemoryPolicy(keyframe_s=10.0, min_keyframe_s=0.5, scene_similarity=0.1, caption_tokens=6)
+
+
+def _text(prompt: Prompt) -> str:
+    return "".join(s.text for turn in prompt.turns for s in turn.segments if isinstance(s, TextSegment))
 
 
 def _thumb(value: int):  # noqa: ANN202 - a normalised thumbnail
@@ -165,3 +171,31 @@ def test_each_moment_is_captioned_on_the_warm_prefix_after_the_sessions_own_work
     assert KeepCaption(step.at_ms, "a red screen") in run.effects and Tally("captions") in run.effects
     run = run_core([At(102.0), frame(9, 2), At(104.0), frame(17, 3)], core)
     assert Tally("captions_skipped") in run.effects
+
+
+def test_a_question_carries_the_captions_of_what_left_the_window_and_the_timeline_keeps_its_words() -> None:
+    """Captions of moments that started before the window's first frame go, newest that fit the
+    budget, into the question's turn (not the warm prefix); the next prompt renders that
+    question as it was asked, so the engine's cache still holds it."""
+    from handlers.core.memory import Earlier
+
+    earlier = Earlier()
+    for start, caption in [(1_000.0, "a red  screen"), (11_000.0, "a blue screen"), (21_000.0, "in the window")]:
+        earlier.add(start, caption)
+    assert earlier.render(21_000.0, 1_000.0, 400) == (
+        "Earlier, before these frames:\n[0.0s-10.0s] a red screen\n[10.0s-20.0s] a blue screen")
+    assert earlier.render(21_000.0, 1_000.0, 30) == "Earlier, before these frames:\n[10.0s-20.0s] a blue screen"
+    assert earlier.render(1_000.0, 1_000.0, 400) is None
+    core = machine(memory_policy=CAPTIONED, max_frames=2)
+    run = run_core([frame(1, 1), Warm()], core)
+    run = run_core([Captioned(run.newest(Caption).step, "a red screen"), At(101.0), frame(9, 2), At(102.0),
+                    frame(17, 3), At(103.0), frame(25, 4)], core)
+    steps = [e.step for e in run.effects if isinstance(e, Prefill)]
+    assert steps and all("Earlier" not in _text(s.prompt) for s in steps)  # never in the warm prefix
+    run = run_core([*ask("what was before?")], core)
+    while not any(isinstance(e, StartAnswer) for e in run.effects):
+        run = run_core([Warm()], core)
+    prompt = run.newest(StartAnswer).prompt
+    assert "Earlier, before these frames:\n[0.0s-2.0s] a red screen\n\nwhat was before?" in _text(prompt)
+    run_core([Reply("red")], core)
+    assert "] a red screen\n\nwhat was before?" in _text(core.state.warm_prompt())

@@ -92,6 +92,29 @@ async def test_a_dropped_session_resumes_warm_with_its_handle(live_server: Runni
     assert other.value.code == 1008 and "resumption" in str(other.value).lower()
 
 
+async def test_a_session_closed_cleanly_is_continued_with_its_handle(live_server: RunningServer) -> None:
+    """The SDK's ``async with`` twice: the first connection ends cleanly (1000, not parked), and
+    its handle still opens the second, which continues its memory (no 1008); that handle then
+    works no more."""
+    async with live_session(live_server, CONFIG) as live:
+        await live.session.send_realtime_input(video=_frame(40))
+        await live.session.send_client_content(turns=_ask("What is there?"), turn_complete=True)
+        first = await live.turn()
+        handle = next(m.session_resumption_update for m in first if m.session_resumption_update).new_handle
+    resumed = {**CONFIG, "session_resumption": {"handle": handle}}
+    async with live_session(live_server, resumed) as live:
+        await live.session.send_realtime_input(video=_frame(41))
+        await live.session.send_client_content(turns=_ask("And now?"), turn_complete=True)
+        turn = await live.turn()
+        assert text_of(turn)
+        update = next(m.session_resumption_update for m in turn if m.session_resumption_update)
+        assert update.resumable and update.new_handle not in {None, handle}
+    with pytest.raises(errors.APIError) as used:
+        async with live_session(live_server, resumed):
+            pass
+    assert used.value.code == 1008
+
+
 async def test_a_wrong_handle_is_refused(live_server: RunningServer) -> None:
     """A handle the server never gave: closed with 1008 and a reason naming resumption."""
     with pytest.raises(errors.APIError) as refused:

@@ -221,3 +221,62 @@ async def test_the_realtime_endpoint_searches_and_clears_memory_as_livesight_eve
         assert error["type"] == "error" and error["error"]["code"] == "invalid_value"
         await ws.send(json.dumps({"type": "livesight.memory.clear"}))
         assert (await until("livesight.memory.cleared"))["deleted"] >= 2
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_memory_is_found_again_with_the_handle_after_a_clean_close_and_after_a_restart(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """A session that closed cleanly (not parked) is continued by a connection that brings its
+    resume token: same memory_id, past scenes answered by range; a restarted server (a new
+    process's store over the same SQLite file, or another server on the same PostgreSQL) finds
+    it the same way; a token works once, and another key's is refused."""
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+    settings = Settings(model=str(shipped_model_dir(DEMO_FAMILY)), data_dir=tmp_path, memory_url=url,
+                        resume_grace_s=30, memory_keyframe_s=3600, memory_min_keyframe_s=0, memory_caption_tokens=0,
+                        api_keys=["key-a", "key-b"])
+    rng = np.random.default_rng(9)
+
+    async def open_session(server: RunningServer, key: str = "key-a", **config: object) -> tuple[Client, dict]:
+        client, ready = await Client.open(server.ws_url + f"?api_key={key}", {"max_frames": 4, "sampling": {
+            "max_tokens": 3, "temperature": 0}, **config}, open_timeout=60)
+        return client, ready.data
+
+    async def answer(client: Client, span: tuple[float, float]) -> str:
+        events = await client.ask("What colour is the screen?", range={"from_ms": span[0], "to_ms": span[1]})
+        return "".join(e["delta"] for e in events if e["type"] == "response.text.delta").lower()
+
+    with run_server(settings) as server:
+        client, ready = await open_session(server)
+        spans = []
+        for n, colour in enumerate(["red", "blue"]):
+            frame = colour_clip(rng, [colour], None, size=(320, 240))[0]
+            await client.send(type="video.frame", data=b64(frame.jpeg), frame_id=n)
+            ack = await client.recv_type("video.frame.ack")
+            spans.append((ack["server_receive_ts_ms"], ack["server_receive_ts_ms"]))
+        first_id = ready["memory_id"]
+        assert first_id == ready["session_id"]
+        await client.send(type="video.done")
+        await client.recv_type("session.done")
+        await client.ws.close()
+        async with httpx.AsyncClient(base_url=server.http_url, headers={"x-api-key": "key-a"}) as http:
+            await _moments(http, first_id, 2)
+
+        client, again = await open_session(server, resume_token=ready["resume_token"])
+        assert again["memory_id"] == first_id and again["session_id"] != first_id and not again["resumed"]
+        assert "blue" in await answer(client, spans[1])
+        token = again["resume_token"]
+        await client.ws.close()
+
+    with run_server(settings) as server:  # a new server: a restart, or another replica of the store
+        other, refused = await open_session(server, key="key-b", resume_token=token)
+        assert refused["memory_id"] == refused["session_id"]  # another key's token finds nothing
+        assert other.events[0]["code"] == "resume_failed"  # sent before its session.ready
+        await other.ws.close()
+        client, later = await open_session(server, resume_token=token)
+        assert later["memory_id"] == first_id
+        assert "red" in await answer(client, spans[0])
+        await client.ws.close()
+        client, used = await open_session(server, resume_token=token)  # a token works once
+        assert used["memory_id"] == used["session_id"] != first_id
+        await client.ws.close()

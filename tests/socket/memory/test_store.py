@@ -1,8 +1,9 @@
 """The session memory store (server/memory), each test run on SQLite and on a real PostgreSQL server:
-the timeline of moments, text search, limits, clearing, and many writes from one event loop."""
+the timeline of moments, text search, limits, clearing, resume handles, and many writes from one event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,7 +16,7 @@ import pytest
 from server.memory.factory import open_store
 from server.memory.postgres_store import PostgresMemoryStore
 from server.memory.sqlite_store import SqliteMemoryStore
-from server.memory.store import MemoryLimits, MemoryStore
+from server.memory.store import MAX_HANDLES_PER_SESSION, MemoryLimits, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -356,3 +357,78 @@ async def test_the_url_names_the_backend(tmp_path: Path) -> None:
     for url in ("mysql://u@h/db", "memory.db", ""):
         with pytest.raises(ValueError, match="sqlite://"):
             open_store(url, tmp_path, ROOMY)
+
+
+async def test_a_kept_handle_resumes_its_session_once(store: MemoryStore) -> None:
+    """take_handle gives the session a handle was kept for, once; an unknown handle gives None."""
+    await store.keep_handle("h1", "s", "key-a", T0)
+    await store.keep_handle("h2", "other", "", T0)
+    assert await store.take_handle("h1", "key-a") == "s"
+    assert await store.take_handle("h1", "key-a") is None
+    assert await store.take_handle("h2", "") == "other"
+    assert await store.take_handle("never", "") is None
+    assert await store.take_handle("x" * 200, "") is None and await store.take_handle("h\x00", "") is None
+    await store.keep_handle("h3", "s", "key-a", T0)
+    await store.keep_handle("h3", "t", "key-b", T0 + 1)  # the same handle again replaces the row
+    assert await store.take_handle("h3", "key-a") is None
+    assert await store.take_handle("h3", "key-b") == "t"
+    with pytest.raises(ValueError):
+        await store.keep_handle("", "s", "", T0)
+    with pytest.raises(ValueError):
+        await store.keep_handle("x" * 129, "s", "", T0)
+
+
+async def test_a_handle_taken_by_another_owner_stays_for_its_own(store: MemoryStore) -> None:
+    """A wrong owner (another key, or none) gets None and leaves the handle working for its owner."""
+    await store.keep_handle("h", "s", "key-a", T0)
+    assert await store.take_handle("h", "key-b") is None
+    assert await store.take_handle("h", "") is None
+    assert await store.take_handle("h", "key-a") == "s"
+
+
+async def test_clear_deletes_the_handles_and_the_limits_do_not(open_memory: OpenMemory) -> None:
+    """clear deletes the session's handles (and no other's); the byte limit deleting its moments keeps them."""
+    store = await open_memory(MemoryLimits(max_age_s=3600, max_session_bytes=1500, max_bytes=10**9))
+    await store.keep_handle("h1", "s", "", T0)
+    await store.keep_handle("h2", "s", "", T0)
+    await store.keep_handle("o", "other", "", T0)
+    for i in range(3):
+        await store.add_moment("s", T0 + i, jpeg(str(i)))
+    assert len(await store.moments("s")) == 1 and await store.usage("s") == 1000
+    assert await store.take_handle("h1", "") == "s"
+    assert await store.clear("s") == 1
+    assert await store.take_handle("h2", "") is None
+    assert await store.take_handle("o", "") == "other"
+
+
+async def test_sweep_deletes_old_handles(open_memory: OpenMemory) -> None:
+    """sweep deletes handles kept before now - max_age_s without counting them; a younger one stays even
+    when its session has nothing else left."""
+    store = await open_memory(MemoryLimits(max_age_s=10, max_session_bytes=10**9, max_bytes=10**9))
+    await store.add_note("s", "answer", T0, "said")
+    await store.keep_handle("old", "s", "", T0)
+    await store.keep_handle("young", "s", "", T0 + 15_000)
+    assert await store.sweep(T0 + 21_000) == 1
+    assert not await store.has("s")
+    assert await store.take_handle("old", "") is None
+    assert await store.take_handle("young", "") == "s"
+
+
+async def test_a_session_keeps_its_newest_handles(store: MemoryStore) -> None:
+    """Keeping one handle more than MAX_HANDLES_PER_SESSION deletes the session's oldest, not other sessions'."""
+    await store.keep_handle("other", "o", "", T0 - 1)
+    for i in range(MAX_HANDLES_PER_SESSION + 1):
+        await store.keep_handle(f"h{i}", "s", "", T0 + i)
+    taken = [await store.take_handle(f"h{i}", "") for i in range(MAX_HANDLES_PER_SESSION + 1)]
+    assert taken == [None] + ["s"] * MAX_HANDLES_PER_SESSION
+    assert await store.take_handle("other", "") == "o"
+
+
+async def test_concurrent_takes_of_one_handle_resume_once(open_memory: OpenMemory) -> None:
+    """Takes of one handle at once, through one store or two sharing the database, give the session to one."""
+    first = await open_memory()
+    second = await open_memory()
+    for i in range(5):
+        await first.keep_handle(f"h{i}", "s", "key", T0)
+        taken = await asyncio.gather(*(store.take_handle(f"h{i}", "key") for store in (first, second) * 2))
+        assert sorted(taken, key=str) == [None, None, None, "s"]

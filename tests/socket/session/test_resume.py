@@ -111,17 +111,23 @@ async def test_wrong_token_or_other_key_gets_resume_failed_and_a_new_session(res
     await owner.ws.close()
 
 
-async def test_expired_token_gets_resume_failed(short_grace: RunningServer) -> None:
-    """After the grace period the parked session is released and its token no longer works."""
+async def test_an_expired_token_starts_a_new_session_that_continues_its_memory(short_grace: RunningServer) -> None:
+    """After the grace period the parked session is released: its token no longer gives it
+    back, but starts a new session (no error) that continues its memory; used again, it gets
+    resume_failed."""
     client, ready = await _open(short_grace, None)
     await client.frame(1, seed=5)
     _drop(client)
     await _parked(short_grace, 1)
     await _parked(short_grace, 0)  # the sweeper released it
     again, first = await _open(short_grace, None, resume_token=ready["resume_token"])
-    assert first["code"] == "resume_failed"
-    assert (await again.recv())["type"] == "session.ready"
+    assert first["type"] == "session.ready" and first["resumed"] is False
+    assert first["memory_id"] == ready["session_id"] != first["session_id"]
     await again.ws.close()
+    used, error = await _open(short_grace, None, resume_token=ready["resume_token"])
+    assert error["code"] == "resume_failed"
+    assert (await used.recv())["type"] == "session.ready"
+    await used.ws.close()
 
 
 async def test_parking_lot_is_bounded_and_releases_the_oldest() -> None:
