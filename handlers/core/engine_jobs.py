@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from handlers.core.effects import Check, Checked, Effect, Now, Prefill, Send, Tally, Timer, Warmed
+from handlers.core.effects import Check, Checked, Effect, Now, Prefill, Send, Stop, Tally, Timer, Warmed
 from handlers.core.lifecycle import SlotState
 from handlers.core.session_core import Phase
 from handlers.wire.errors import SessionError
@@ -31,6 +31,8 @@ class EngineJobs:
         if idle_at is not None and idle_at <= now.s:
             return self._idle(now)  # a running prefill or round of checks is stopped for it
         if slot.state is not SlotState.IDLE:
+            if self._caption_yields(now):  # a caption gives way to the session's own work
+                return [Stop(self._job)]
             return self._set_timer(idle_at)
         later = [] if idle_at is None else [idle_at]  # when something waiting may run
         pace = state.capabilities.warm_interval_s
@@ -60,11 +62,14 @@ class EngineJobs:
                 slot.warm()
                 self._job, self._slid_at = step, now.s
                 return [Prefill(step)]
-        if self._caption_due is not None:  # memory, last: a caption, then a search's round
-            return self._caption_round(now) or self._next_work(now)
+        wake = self._set_timer(min(later, default=None))  # the session's own work due later stops them
+        settled = not (self.warm_prefix and (slot.behind or state.slide is not None))
+        caption = self._caption_round(now) if self._caption_due is not None and settled else []
+        if caption:  # memory, last: a caption, then a search's round
+            return caption + wake
         if self._search is not None and self._search.batch:
-            return self._search_round()
-        return self._set_timer(min(later, default=None))
+            return self._search_round() + wake
+        return wake
 
     def _set_timer(self, at: float | None) -> list[Effect]:
         if at == self._timer:

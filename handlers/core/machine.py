@@ -145,6 +145,7 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
         self._keyframes: Keyframes | None = None  # set when this session remembers
         self._search: SearchRun | None = None  # the memory search under way
         self._caption_due: float | None = None  # the moment whose caption waits for the engine
+        self._caption_stopping = False  # the running caption was stopped for the session's own work
         self.memory_id = session_id  # what its memory is kept under (an earlier session's, continued)
 
     @classmethod

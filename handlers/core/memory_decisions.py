@@ -29,7 +29,7 @@ from handlers.core.effects import (
     error_event,
 )
 from handlers.core.events import MemoryCleared, MemoryHit, MemoryProgress, MemoryResults, WatchFired
-from handlers.core.jobs import CheckStep
+from handlers.core.jobs import CaptionStep, CheckStep
 from handlers.core.lifecycle import SlotState
 from handlers.core.memory import (
     RECALL_FRAMES,
@@ -49,7 +49,8 @@ from handlers.wire.protocol import MemorySearch, VideoFrame, VideoQuery, origin_
 class MemoryDecisions:
     """The machine's memory half (its state: ``_memory`` (the server's policy, None when it
     keeps no memory), ``_keyframes`` (None while this session remembers nothing),
-    ``_caption_due`` (the start of the moment whose caption waits) and ``_search``; the rest of its decisions: ``_ask``, ``_wait_or``, ``_start``, ``_next_work``)."""
+    ``_caption_due`` (the start of the moment whose caption waits), ``_caption_stopping``
+    (the running caption gives way to the session's own work) and ``_search``; the rest of its decisions: ``_ask``, ``_wait_or``, ``_start``, ``_next_work``)."""
 
     def _remembering(self, config_enabled: bool | None) -> None:
         """Whether this session remembers: its ``session.config`` says, else the server."""
@@ -231,12 +232,27 @@ class MemoryDecisions:
         self._job = step
         return [Caption(step)]
 
+    def _caption_yields(self, now: Now) -> bool:
+        """True (once) when a caption runs and the session's own work is due: a prefill of
+        the prefix or of the next window (their pace allowing) or a round of checks. The
+        caption is stopped for it."""
+        if not isinstance(self._job, CaptionStep) or self._caption_stopping:
+            return False
+        state = self.state
+        pace = state.capabilities.warm_interval_s
+        prefill = self.warm_prefix and state.slot.behind and self._warmed_at + pace <= now.s
+        slide = self.warm_prefix and state.slide is not None and self._slid_at + pace <= now.s
+        checks = self._checks and state.check_due(now.s) == 0
+        self._caption_stopping = bool(prefill or slide or checks)
+        return self._caption_stopping
+
     def _captioned(self, result: Captioned, now: Now) -> list[Effect]:
-        """A caption's job ended: its words kept; one a question stopped is written again
-        after it, unless a newer moment is due."""
+        """A caption's job ended: its words kept; one a question or the session's own work
+        stopped is written again after it, unless a newer moment is due."""
         step = result.step
         self.state.captioned(step)
-        stopped = self.state.slot.state is not SlotState.WARMING
+        stopped = self.state.slot.state is not SlotState.WARMING or self._caption_stopping
+        self._caption_stopping = False
         effects: list[Effect] = []
         text = (result.text or "").strip()
         if text and not stopped:

@@ -66,7 +66,7 @@ class MemoryWriter:
         """Queue a record; False (counted in ``dropped``) when the queue is full."""
         try:
             self._send.send_nowait(_Record(session_id, effect))
-        except anyio.WouldBlock:
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):  # full, or shut down
             self.dropped += 1
             if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
                 log.warning("memory writes are behind: %d records dropped so far", self.dropped)
@@ -88,9 +88,9 @@ class MemoryWriter:
                 try:
                     await self._write(record)
                     self.written += 1
-                except (OSError, ValueError, RuntimeError) as exc:  # a bad frame or a store failure: counted
+                except Exception as exc:  # noqa: BLE001 - a bad frame or a store failure: counted, never fatal
                     self.failed += 1
-                    log.warning("memory write failed for session %s: %s", record.session_id[:8], exc)
+                    log.warning("memory write failed for session %s: %r", record.session_id[:8], exc)
 
     async def flush(self) -> None:
         """Wait until every queued record is written (or failed)."""

@@ -17,6 +17,7 @@ def open_store(url: str | None, data_dir: Path, limits: MemoryLimits) -> MemoryS
     that file; ``sqlite://rel/file.db``: that file under ``data_dir``; ``postgresql://...`` or
     ``postgres://...``: that PostgreSQL database. Raises ValueError for any other URL.
     """
+    url = (url or "").strip() or None  # an empty setting (a compose file's unset variable) is the default
     if url is None or url.startswith("sqlite://"):
         from server.memory.sqlite_store import SqliteMemoryStore
 

@@ -47,9 +47,7 @@ def _reads_context(settings: Settings) -> bool:
     says so): text before its question moves it off its answers."""
     from server.models.demo import DEMO_FAMILY, declared_prompt_frames, shipped_model_dir
 
-    if settings.engine == "openai":
-        return True
-    model = settings.model or str(shipped_model_dir(DEMO_FAMILY))
+    model = settings.model or str(shipped_model_dir(DEMO_FAMILY))  # a remote engine's model: when it is a local path
     if declared_prompt_frames(model) is not None:
         log.info("memory: the model's prompts carry no captions of earlier moments (its card fixes its prompt)")
         return False

@@ -154,7 +154,8 @@ def test_memory_asked_of_a_session_without_it_is_refused_and_forgetting_is_confi
 def test_each_moment_is_captioned_on_the_warm_prefix_after_the_sessions_own_work() -> None:
     """A keyframe makes its caption due: it runs once the prefix is warm (a silent engine job),
     its words are kept for the moment; a question stops it and it runs again after the answer;
-    a caption still waiting when the next moment comes is skipped and counted."""
+    a caption still waiting when the next moment comes is skipped and counted; a running one
+    gives way to a due prefill and runs again after it."""
     core = machine(memory_policy=CAPTIONED)
     run = run_core([frame(1, 1)], core)
     assert not any(isinstance(e, Caption) for e in run.effects)  # the prefill goes first
@@ -171,6 +172,16 @@ def test_each_moment_is_captioned_on_the_warm_prefix_after_the_sessions_own_work
     assert KeepCaption(step.at_ms, "a red screen") in run.effects and Tally("captions") in run.effects
     run = run_core([At(102.0), frame(9, 2), At(104.0), frame(17, 3)], core)
     assert Tally("captions_skipped") in run.effects
+    run = run_core([At(104.01), Warm()], core)
+    assert [type(e) for e in run.effects] == [Prefill]  # the prefix is behind: its prefill first
+    run = run_core([At(104.02), Warm()], core)
+    step = run.newest(Caption).step
+    run = run_core([At(104.2), frame(33, 4)], core)  # within min_keyframe_s: no moment, but a prefill is due
+    assert any(isinstance(e, Stop) and e.job is step for e in run.effects)
+    run = run_core([At(104.3), Captioned(step, None)], core)
+    assert isinstance(run.effects[0], Prefill)  # the session's own work first
+    run = run_core([At(104.4), Warm()], core)
+    assert run.newest(Caption).step.at_ms == step.at_ms  # then the caption again
 
 
 def test_a_question_carries_the_captions_of_what_left_the_window_and_the_timeline_keeps_its_words() -> None:
