@@ -139,12 +139,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             await anyio.sleep(min(1.0, settings.resume_grace_s / 4))
             await parking.sweep()
 
-    recall_policy = memory_policy(settings)
-
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_memory(settings) as remembered:
             app.state.memory = remembered
+            app.state.memory_policy = memory_policy(settings) if remembered is not None else None
             async with _serving(app):
                 yield
 
@@ -277,7 +276,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             observer=Observers(metrics.session_observer(protocol), SessionLog(protocol)),
             parking=parking if settings.resume_grace_s > 0 else None,
             owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),
-            memory=app.state.memory, memory_policy=recall_policy,
+            memory=app.state.memory, memory_policy=app.state.memory_policy,
         )
         sessions.add(session)
         try:

@@ -52,7 +52,7 @@ pytest_plugins = ("tests.real_server", "tests.colours_models", "tests.vllm_serve
 SYSTEM_TMP = Path(tempfile.gettempdir())
 RUN_TMP = Path(tempfile.mkdtemp(prefix="livesight-tests-"))
 os.environ["TMPDIR"] = str(RUN_TMP)
-os.environ.setdefault("LIVESIGHT_DATA_DIR", str(RUN_TMP / "data"))  # the servers' memory stores
+os.environ["LIVESIGHT_DATA_DIR"] = str(RUN_TMP / "data")  # this process's servers' memory stores
 tempfile.tempdir = str(RUN_TMP)
 _SYSTEM_TMP_BEFORE = frozenset(p.name for p in SYSTEM_TMP.iterdir())
 

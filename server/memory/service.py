@@ -111,7 +111,10 @@ async def moments_listing(memory: Memory | None, session_id: str, query: Mapping
         limit = min(MAX_LISTED, max(1, int(query.get("limit", MAX_LISTED))))
     except ValueError:
         return JSONResponse({"error": "from_ms, to_ms and limit must be numbers"}, status_code=400)
-    moments = await memory.store.moments(session_id, start, end, limit=limit)
+    try:
+        moments = await memory.store.moments(session_id, start, end, limit=limit)
+    except ValueError:  # not a session id the store could hold
+        return JSONResponse({"error": "no such session"}, status_code=404)
     return JSONResponse({"session_id": session_id, "moments": [
         {"moment_id": m.moment_id, "start_ms": m.start_ms, "end_ms": m.end_ms, "caption": m.caption,
          "bytes": m.jpeg_bytes, "url": moment_url(session_id, m.moment_id)}
@@ -121,7 +124,10 @@ async def moments_listing(memory: Memory | None, session_id: str, query: Mapping
 
 async def keyframe_response(memory: Memory | None, session_id: str, moment_id: int) -> Response:
     """One moment's keyframe (JPEG), or 404."""
-    jpeg = None if memory is None else await memory.store.jpeg(session_id, moment_id)
+    try:
+        jpeg = None if memory is None else await memory.store.jpeg(session_id, moment_id)
+    except ValueError:  # not a session id the store could hold
+        jpeg = None
     if jpeg is None:
         return JSONResponse({"error": "no such moment"}, status_code=404)
     return Response(jpeg, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=86400"})

@@ -131,6 +131,9 @@ async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_the
             height, width, _, _ = simplejpeg.decode_jpeg_header(jpeg.content)
             assert max(width, height) <= 320
             assert (await http.get(f"/v1/sessions/{session_id}/moments/999999.jpg")).status_code == 404
+            assert (await http.get(f"/v1/sessions/{'x' * 300}/moments/1.jpg")).status_code == 404
+            assert (await http.get(f"/v1/sessions/{'x' * 300}/moments")).json()["moments"] == []
+            assert (await http.get(f"/v1/sessions/{session_id}/moments?from_ms=abc")).status_code == 400
 
             # forgetting: gone from the store and from the database file
             await client.send(type="memory.clear")
@@ -214,7 +217,7 @@ async def test_the_realtime_endpoint_searches_and_clears_memory_as_livesight_eve
                 assert found["type"] == "livesight.memory.results", found
                 if found["results"]:
                     break
-                await anyio.sleep(0.05)  # the note is written off the loop
+                await anyio.sleep(0.25)  # the note is written off the loop (and searches are control messages)
         assert found["search_id"] == "z" and found["results"][0]["kind"] == "question"
         await ws.send(json.dumps({"type": "livesight.memory.search", "limit": 0, "text": "x"}))
         error = await until("error")

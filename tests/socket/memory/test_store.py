@@ -349,12 +349,13 @@ async def test_the_url_names_the_backend(tmp_path: Path) -> None:
 
     assert sqlite_path(None) == tmp_path / "memory.sqlite3"
     assert sqlite_path("sqlite://") == tmp_path / "memory.sqlite3"
+    assert sqlite_path(" ") == tmp_path / "memory.sqlite3"  # an empty setting (a compose file's unset variable)
     assert sqlite_path("sqlite:///var/lib/m.db") == Path("/var/lib/m.db")
     assert sqlite_path("sqlite://sub/m.db") == tmp_path / "sub" / "m.db"
     for url in ("postgresql://u@h/db", "postgres://u@h:5/db"):
         store = open_store(url, tmp_path, ROOMY)
         assert isinstance(store, PostgresMemoryStore) and store.backend == "postgresql"
-    for url in ("mysql://u@h/db", "memory.db", ""):
+    for url in ("mysql://u@h/db", "memory.db"):
         with pytest.raises(ValueError, match="sqlite://"):
             open_store(url, tmp_path, ROOMY)
 
