@@ -1,5 +1,6 @@
 """The ``livesight`` command: ``serve``, ``make-tiny-model``, ``stream`` and ``bench`` (``ttft``,
-``intake``, ``load``, ``storm``, ``voice``, ``engine``, ``router``, ``fuzz``, ``watch``, ``demo``, ``live``)."""
+``intake``, ``load``, ``storm``, ``voice``, ``engine``, ``router``, ``fuzz``, ``watch``, ``demo``, ``live``,
+``memory``)."""
 
 from __future__ import annotations
 
@@ -266,6 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     p_shift.add_argument("--ask-every", type=int, default=3, help="frames between questions once the window is full")
     p_shift.add_argument("--scene", type=int, default=20, help="frames per colour scene")
 
+    p_memory = bench_sub.add_parser("memory", help="a session's memory over a compressed stream-hour on the colours "
+                                    "model: bytes stored, CPU per frame, text and condition search, range questions")
+    p_memory.add_argument("--minutes", type=float, default=60.0, help="stream time (a 2 fps camera)")
+    p_memory.add_argument("--memory-url", default=None,
+                          help="postgresql://... (default: SQLite in a temporary data dir)")
+    p_memory.add_argument("--speed", type=float, default=50.0,
+                          help="frames paced this many times faster than real time (keyframe settings divided by it)")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -344,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory() as folder:
                 run_long(args.engine, args.model, args.minutes, args.fps, args.ask_every_s, args.max_frames, Path(folder))
+        elif args.bench == "memory":
+            from server.bench.memory import bench_memory
+
+            bench_memory(args.minutes, args.memory_url, args.speed)
         elif args.bench == "shift":
             from server.bench.shift import run_shift
 
