@@ -6,8 +6,9 @@ store and handed back as a job's result (``Executor`` inherits ``MemoryJobs``)."
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import anyio
 from anyio.abc import TaskGroup
@@ -140,6 +141,18 @@ class MemoryJobs:
             raise SessionError(ErrorCode.MEMORY_OFF, "this server keeps no memory")
         return self.memory.store
 
+    @staticmethod
+    @contextmanager
+    def _store_errors(what: str) -> Iterator[None]:
+        """A failure of the store, said as an ``internal_error`` (logged): the session goes on."""
+        try:
+            yield
+        except SessionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any store or driver error
+            log.warning("memory store failed to %s: %r", what, exc)
+            raise SessionError(ErrorCode.INTERNAL_ERROR, f"the memory store failed to {what}") from None
+
     async def _keep(self, effect: KeepMoment | KeepNote | KeepCaption, origin: Origin | None) -> None:
         if self.memory is not None:
             self.memory.writer.put(self.core.memory_id, effect)
@@ -174,8 +187,9 @@ class MemoryJobs:
 
     async def _recall(self, effect: Recall, origin: Origin | None) -> None:
         """A question's range read back, in its lane."""
-        found = await self._store().spread(self.core.memory_id, effect.from_ms, effect.to_ms, effect.n)
-        moments = await blocking.run_blocking(lambda: [_recalled(m, jpeg) for m, jpeg in found])
+        with self._store_errors("read the range"):
+            found = await self._store().spread(self.core.memory_id, effect.from_ms, effect.to_ms, effect.n)
+            moments = await blocking.run_blocking(lambda: [_recalled(m, jpeg) for m, jpeg in found])
         await self.result(Recalled(effect.event, effect.received, moments), origin)
 
     async def _find_memory(self, effect: FindMemory, origin: Origin | None) -> None:
@@ -183,13 +197,18 @@ class MemoryJobs:
         store, session, run = self._store(), self.core.memory_id, effect.run
         listed: list[RecalledMoment] = []
         text: list[TextFound] = []
-        if run.event.condition:
-            moments = await store.moments(session, run.from_ms, run.to_ms, limit=effect.limit)
-            listed = [_recalled(m) for m in moments]
-        if run.event.text:
-            hits = await store.search_text(session, run.event.text, run.from_ms, run.to_ms, limit=effect.limit)
-            text = [TextFound(h.at_ms, h.kind, h.text, None if h.moment is None else _recalled(h.moment))
-                    for h in hits]
+        try:
+            with self._store_errors("search"):
+                if run.event.condition:
+                    moments = await store.moments(session, run.from_ms, run.to_ms, limit=effect.limit)
+                    listed = [_recalled(m) for m in moments]
+                if run.event.text:
+                    hits = await store.search_text(session, run.event.text, run.from_ms, run.to_ms, limit=effect.limit)
+                    text = [TextFound(h.at_ms, h.kind, h.text, None if h.moment is None else _recalled(h.moment))
+                            for h in hits]
+        except SessionError:
+            await self.result(MemoryFound(run, [], []), origin)  # the search ends (empty): another may start
+            raise
         await self.result(MemoryFound(run, listed, text), origin)
 
     async def _load_moments(self, effect: LoadMoments, origin: Origin | None) -> None:
@@ -200,10 +219,11 @@ class MemoryJobs:
         store, session = self._store(), self.core.memory_id
         moments: list[RecalledMoment] = []
         try:
-            for moment in effect.moments:
-                jpeg = await store.jpeg(session, moment.moment_id)
-                if jpeg is not None:  # else gone from the store meanwhile
-                    moments.append(await blocking.run_blocking(_with_jpeg, moment, jpeg))
+            found = [(m, await store.jpeg(session, m.moment_id)) for m in effect.moments]
+            moments = await blocking.run_blocking(  # a moment gone from the store meanwhile is left out
+                lambda: [replace(m, jpeg=jpeg, size=jpeg_size(jpeg)) for m, jpeg in found if jpeg is not None])
+        except Exception as exc:  # noqa: BLE001 - the store failed: this batch is skipped, the session goes on
+            log.warning("memory search could not load keyframes: %r", exc)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.result(MomentsLoaded(effect.run, moments), origin)
@@ -212,9 +232,7 @@ class MemoryJobs:
         """Everything the session remembers deleted, in its lane (queued writes first)."""
         assert self.memory is not None
         await self.memory.writer.flush()
-        deleted = await self._store().clear(self.core.memory_id)
+        with self._store_errors("clear the session's memory"):
+            deleted = await self._store().clear(self.core.memory_id)
         await self.result(MemoryForgotten(deleted), origin)
 
-
-def _with_jpeg(moment: RecalledMoment, jpeg: bytes) -> RecalledMoment:
-    return RecalledMoment(moment.moment_id, moment.start_ms, moment.end_ms, jpeg, jpeg_size(jpeg), moment.caption)

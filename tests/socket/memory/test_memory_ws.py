@@ -158,11 +158,24 @@ async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_the
         await client.ws.close()
 
 
-async def test_bad_memory_requests_get_clear_errors_and_the_session_goes_on(colours_server: RunningServer) -> None:
-    """A search that asks nothing, a range that ends before it starts, and memory asked of a
-    session that keeps none: each an error with its code; the session answers a ping after."""
+async def test_bad_memory_requests_get_clear_errors_and_the_session_goes_on(
+    colours_server: RunningServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A search that asks nothing, a range that ends before it starts, a store that fails, and
+    memory asked of a session that keeps none: each an error with its code; the session
+    answers a ping after."""
     client, _ = await connect(colours_server)
     try:
+        async def broken(*args: object, **kwargs: object) -> None:
+            raise OSError("the disk went away")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(colours_server.app.state.memory.store, "search_text", broken)
+            await client.send(type="memory.search", text="blue")
+            assert (await client.recv_type("memory.results"))["results"] == []
+            assert (await client.recv_type("error"))["code"] == "internal_error"
+        await client.send(type="ping")
+        await client.recv_type("pong")
         await client.send(type="memory.search", search_id="x")
         assert (await client.recv_type("error"))["code"] == "invalid_message"
         await client.send(type="video.query", text="?", range={"from_ms": 2_000, "to_ms": 1_000})
