@@ -29,6 +29,7 @@ from handlers.core.events import ErrorReported, Event
 from handlers.core.jobs import CaptionStep, CheckStep, WarmStep
 from handlers.core.memory import RecalledMoment, SearchRun, TextFound
 from handlers.media.preparation import PreparedFrame
+from handlers.wire.commands import AnswerRequest
 from handlers.wire.errors import Origin, SessionError
 from handlers.wire.protocol import VideoFrame, VideoQuery
 from server.engines.base import EngineEvent, Prompt
@@ -170,9 +171,10 @@ class HeldTranscribed:
 class Recalled:
     """``Recall``'s moments, read back from the store (oldest first)."""
 
-    event: VideoQuery
+    event: VideoQuery | AnswerRequest
     received: float
     moments: list[RecalledMoment]
+    question: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,11 +382,12 @@ class Recall:
     """Read at most ``n`` keyframes spread over ``from_ms``..``to_ms`` for a question about
     the past; report ``Recalled``. In the lane."""
 
-    event: VideoQuery
+    event: VideoQuery | AnswerRequest
     received: float
     from_ms: float
     to_ms: float
     n: int
+    question: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -329,6 +329,8 @@ class SessionMachine(SpeechDecisions, EngineJobs, MemoryDecisions):
             self.answers_asked -= 1
             running = self.state.running
             self.state.check_request(event, running is not None and not running.stopping)
+            if event.range is not None:
+                return self._wait_or(event, now, lambda later: self._recall(event, item.received, later))
             return self._wait_or(event, now, lambda later: self._ask(
                 self.state.plan_answer(event), item.received, later, origin=origin_of(event)))
         if isinstance(event, VideoDone):  # the running answer finishes first

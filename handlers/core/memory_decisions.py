@@ -42,6 +42,7 @@ from handlers.core.memory import (
 from handlers.core.negotiation import MemoryPolicy
 from handlers.core.prompt import render_timeline
 from handlers.media.preparation import PreparedFrame
+from handlers.wire.commands import AnswerRequest
 from handlers.wire.errors import ErrorCode, SessionError
 from handlers.wire.protocol import MemorySearch, VideoFrame, VideoQuery, origin_of
 
@@ -100,25 +101,28 @@ class MemoryDecisions:
         return effects
 
     # ------------------------------------------------------------------ asking about the past
-    def _recall(self, event: VideoQuery, received: float, now: Now) -> list[Effect]:
+    def _recall(self, event: VideoQuery | AnswerRequest, received: float, now: Now) -> list[Effect]:
         self._need_memory()
         assert event.range is not None
         start, end = resolve_range(event.range.from_ms, event.range.to_ms, now.wall_ms)
         n = min(self.state.config.num_frames or RECALL_FRAMES, RECALL_FRAMES)
         most = self.state.capabilities.max_images
-        return [Recall(event, received, start, end, min(n, most) if most else n)]
+        question = self.state.recall_question(event) if isinstance(event, AnswerRequest) else event.text
+        return [Recall(event, received, start, end, min(n, most) if most else n, question)]
 
     def _recalled(self, result: Recalled, now: Now) -> list[Effect]:
         if not result.moments:
             error = SessionError(ErrorCode.NO_FRAMES, "nothing is remembered in that range")
             return [Send(error_event(error, origin_of(result.event)))]
+        origin = origin_of(result.event) if isinstance(result.event, AnswerRequest) else None
         return self._wait_or(result.event, now, lambda later: self._guarded(
-            result.event, lambda: self._ask(self._plan_recall(result), result.received, later)))
+            result.event, lambda: self._ask(self._plan_recall(result), result.received, later, origin=origin)))
 
     def _plan_recall(self, result: Recalled) -> Answer:
         """An answer over the range's keyframes and the question only, out of the conversation
         (the warm prefix and the timeline stay as they are)."""
-        return self.state.plan_recall(recalled_frames(result.moments), result.event.text)
+        request = result.event if isinstance(result.event, AnswerRequest) else None
+        return self.state.plan_recall(recalled_frames(result.moments), result.question, request)
 
     # ------------------------------------------------------------------ searching
     def _search_memory(self, event: MemorySearch, now: Now) -> list[Effect]:

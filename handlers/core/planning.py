@@ -175,14 +175,32 @@ class Planning:
         answer.in_conversation = request.in_conversation
         return answer
 
-    def plan_recall(self, frames: list[Frame], question: str) -> Answer:
+    def plan_recall(self, frames: list[Frame], question: str, request: AnswerRequest | None = None) -> Answer:
         """An answer about the past: over remembered ``frames`` (out of the window) and the
         question only, out of the conversation, so the warm prefix and the timeline stay as
         they are."""
-        answer = self._plan(frames, question, None)
+        answer = self._plan(frames, question, None, request)
         answer.context = [InputMessage(role="user", text=question)]
         answer.in_conversation = False
+        answer.metadata = request.metadata if request is not None else None
         return answer
+
+    def recall_question(self, request: AnswerRequest) -> str:
+        """What a request about the past asks: the user text of its ``input`` (items named by
+        id read from the conversation), else the pending inputs' text (used up unless it stays
+        out of the conversation). Raises ``invalid_message`` when that is no text."""
+        if request.input is not None:
+            texts = [self.items.retrieve(m.item_id).text if m.item_id is not None else m.text
+                     for m in request.input if m.item_id is not None or m.role == "user"]
+        else:
+            texts = [i.text for i in self.inputs]
+            if request.in_conversation and any(texts):
+                self.inputs.clear()
+        question = "\n".join(t for t in texts if t).strip()
+        if not question:
+            raise SessionError(ErrorCode.INVALID_MESSAGE, "a response about a range needs a question in text "
+                                                          "(a user message, in the conversation or in response.input)")
+        return question
 
     def plan_watch(self, fire: Fire) -> Answer:
         """The answer to a fired watch: over the buffered frames, asked its watch's question,

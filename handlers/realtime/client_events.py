@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
+from handlers.wire.client_events import TimeRange
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.wire.fields import MAX_INSTRUCTIONS_CHARS, MAX_ITEM_TEXT_CHARS
 from handlers.wire.strict_json import read_json_object
@@ -133,6 +134,13 @@ class ResponseAudio(_Part):
     output: AudioOutput | None = None
 
 
+class ResponseLivesight(_Part):
+    """livesight's own response fields: ``range`` asks about the session's past (its
+    remembered moments, as ``video.query``'s ``range``)."""
+
+    range: TimeRange | None = None
+
+
 class ResponseParams(_Part):
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     output_modalities: list[Modality] | None = Field(None, min_length=1)
@@ -141,6 +149,7 @@ class ResponseParams(_Part):
     metadata: dict[str, str] | None = None
     input: list[ResponseInputItem] | None = Field(None, max_length=64)
     audio: ResponseAudio | None = None
+    livesight: ResponseLivesight | None = None
 
 
 # --------------------------------------------------------------------------- client events

@@ -84,7 +84,7 @@ def answer_request(response: rtc.ResponseParams) -> AnswerRequest:
         modalities=core_modalities(response.output_modalities) if response.output_modalities else None,
         max_tokens=max_tokens(response.max_output_tokens) if response.max_output_tokens is not None else None,
         exclusive=True, in_conversation=response.conversation != "none", input=context,
-        metadata=response.metadata,
+        metadata=response.metadata, range=response.livesight.range if response.livesight is not None else None,
     )
 
 

@@ -190,7 +190,7 @@ class MemoryJobs:
         with self._store_errors("read the range"):
             found = await self._store().spread(self.core.memory_id, effect.from_ms, effect.to_ms, effect.n)
             moments = await blocking.run_blocking(lambda: [_recalled(m, jpeg) for m, jpeg in found])
-        await self.result(Recalled(effect.event, effect.received, moments), origin)
+        await self.result(Recalled(effect.event, effect.received, moments, effect.question), origin)
 
     async def _find_memory(self, effect: FindMemory, origin: Origin | None) -> None:
         """A search's range listed and its text searched, in its lane."""

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from handlers.wire.client_events import TimeRange
 from handlers.wire.errors import Origin
 from handlers.wire.fields import MAX_INSTRUCTIONS_CHARS, MAX_ITEM_TEXT_CHARS
 
@@ -132,7 +133,8 @@ class AnswerRequest(Command):
     ``in_conversation`` false: answered over the conversation, but neither uses up its
     pending inputs nor joins it; ``input``: the answer's whole context instead of the
     conversation (its text messages; the frames it names, else the buffered ones);
-    ``metadata``: echoed with the answer."""
+    ``metadata``: echoed with the answer; ``range``: about the past, as ``video.query``'s
+    (the question is the input's, or the pending inputs', text; out of the conversation)."""
 
     type: Literal["core.answer_request"] = "core.answer_request"
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
@@ -142,6 +144,7 @@ class AnswerRequest(Command):
     in_conversation: bool = True
     input: list[InputMessage] | None = Field(None, max_length=64)
     metadata: dict[str, str] | None = None
+    range: TimeRange | None = None
 
 
 class CancelRequest(Command):

@@ -91,7 +91,7 @@ def test_a_question_about_a_range_is_answered_over_its_moments_out_of_the_conver
     run = run_core([frame(1, 1), Warm(), Read(query), Handle(query)], core)
     recall = run.newest(Recall)
     assert recall.to_ms - recall.from_ms == 60_000 and recall.n == 16
-    run = run_core([Recalled(query, 0.0, [_moment(4, 10.0), _moment(5, 20.0)])], core)
+    run = run_core([Recalled(query, 0.0, [_moment(4, 10.0), _moment(5, 20.0)], recall.question)], core)
     started = run.newest(StartAnswer)
     assert [f.frame_id for f in started.answer.frames] == ["moment_4", "moment_5"]
     assert not started.answer.in_conversation

@@ -235,6 +235,18 @@ async def test_the_realtime_endpoint_searches_and_clears_memory_as_livesight_eve
         await ws.send(json.dumps({"type": "livesight.memory.search", "limit": 0, "text": "x"}))
         error = await until("error")
         assert error["type"] == "error" and error["error"]["code"] == "invalid_value"
+        # a response about the past: response.livesight.range, its question in response.input or pending
+        question = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "what colour?"}]}
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "livesight": {"range": {"from_ms": -600_000}}, "input": [question], "metadata": {"about": "past"}}}))
+        done = await until("response.done")
+        assert done["type"] == "response.done" and done["response"]["status"] != "failed", done  # 2 tokens: incomplete
+        assert done["response"]["metadata"] == {"about": "past"} and done["response"]["output"]
+        await ws.send(json.dumps({"type": "response.create", "response": {"livesight": {"range": {"from_ms": -600_000}}}}))
+        assert "question" in (await until("error"))["error"]["message"]  # none pending, none given
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "livesight": {"range": {"from_ms": 1000, "to_ms": 2000}}, "input": [question]}}))
+        assert (await until("error"))["error"]["code"] == "no_frames"  # nothing remembered in 1970
         await ws.send(json.dumps({"type": "livesight.memory.clear"}))
         assert (await until("livesight.memory.cleared"))["deleted"] >= 2
 
