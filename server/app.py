@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -26,13 +27,15 @@ from handlers.core.frames import live_frame_count
 from handlers.core.rate_limit import ControlLimits
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import Observers
-from handlers.session.resume import ParkedSession, ParkingLot, digest
+from handlers.session.resume import ParkedSession, ParkingLot
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.realtime import RealtimeCodec
 from handlers.live import LiveCodec
 from handlers.session.adapter import Session
-from handlers.session.transport import Disconnected
-from server.auth import AccessPolicy, client_key, warn_if_open
+from handlers.session.transport import Disconnected, Prefaced, Transport
+from server.auth import AccessPolicy, warn_if_open
+from server.client_secrets import ClientSecrets
+from server.webrtc.calls import Calls, add_call_routes
 from server.drain import drain_sessions
 from server.engines.factory import create_engine
 from server.engines.base import Engine
@@ -94,7 +97,8 @@ class WebSocketTransport:
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """Build the app. Without ``engine``, the one named by ``settings`` is created at start-up."""
     sessions: set[Session] = set()
-    access = AccessPolicy([k.get_secret_value() for k in settings.api_keys], settings.allowed_origins)
+    access = AccessPolicy([k.get_secret_value() for k in settings.api_keys], settings.allowed_origins,
+                          ClientSecrets(settings.max_client_secrets))
     warn_if_open(settings.host, access)
     blocking.configure(settings.decode_threads)
     set_huge_pages(settings.transparent_huge_pages)
@@ -169,10 +173,13 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 if settings.resume_grace_s > 0:
                     tg.start_soon(sweep_parked)
                 tg.start_soon(metrics.watch_event_loop)
+                calls.tg = tg
                 if app.state.memory is not None:
                     tg.start_soon(app.state.memory.writer.run)
                     tg.start_soon(sweep_memory, app.state.memory, settings.memory_max_age_s)
                 yield
+                for call in list(calls.calls.values()):
+                    call.hang_up()
                 tg.cancel_scope.cancel()
         finally:
             await parking.clear()
@@ -269,21 +276,37 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             metrics.refused(ErrorCode.SERVER_CLOSING)
             await _refuse(transport, ErrorCode.SERVER_CLOSING, "the server is shutting down; connect again", codec)
             return
-        # Not counted against max_sessions until it sends a valid session.config (Admission).
-        session = Session(
+        subprotocols = ws.scope.get("subprotocols", [])
+        secret = access.secret(ws.headers, ws.query_params, subprotocols)
+        if secret is not None and secret.session and isinstance(codec, RealtimeCodec):
+            codec = RealtimeCodec(ws.query_params.get("model"), settings.max_message_bytes, secret.session)
+            transport = Prefaced(transport, json.dumps({"type": "session.update", "session": secret.session}))
+        await run_session(new_session(transport, codec, protocol, access.owner(ws.headers, ws.query_params, subprotocols)))
+
+    def new_session(transport: Transport, codec: WireCodec, protocol: str, owner: str) -> Session:
+        """A session over ``transport``; not counted against max_sessions until it is configured (Admission)."""
+        return Session(
             transport, app.state.engine, limits, settings.config_timeout_s, app.state.voice, codec,
             intake=intake, read_ahead=read_ahead, admission=admission, control=control,
             observer=Observers(metrics.session_observer(protocol), SessionLog(protocol)),
-            parking=parking if settings.resume_grace_s > 0 else None,
-            owner=digest(client_key(ws.headers, ws.query_params, ws.scope.get("subprotocols", []))),
+            parking=parking if settings.resume_grace_s > 0 else None, owner=owner,
             memory=app.state.memory, memory_policy=app.state.memory_policy,
         )
+
+    async def run_session(session: Session) -> None:
         sessions.add(session)
         try:
             await session.run()
         finally:
             sessions.discard(session)
             await memory.session_closed(remaining=len(sessions))
+
+    async def serve_call(transport: Transport, codec: WireCodec, owner: str) -> None:
+        await run_session(new_session(transport, codec, "webrtc", owner))
+
+    calls = Calls(settings, access, admission, serve_call)
+    app.state.calls = calls
+    add_call_routes(app, calls, access, lambda: app.state.draining)
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")

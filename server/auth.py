@@ -19,7 +19,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from handlers.session.resume import digest
 from handlers.wire.errors import ErrorCode
+from server.client_secrets import PREFIX as EPHEMERAL_PREFIX
+from server.client_secrets import ClientSecret, ClientSecrets
 
 log = logging.getLogger("livesight.server")
 
@@ -41,11 +44,13 @@ class Verdict:
 class AccessPolicy:
     """Decides whether a connection may open a session."""
 
-    def __init__(self, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ()) -> None:
+    def __init__(self, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = (),
+                 client_secrets: ClientSecrets | None = None) -> None:
         self._keys = [k.encode("utf-8") for k in api_keys if k]
         origins = {_origin(o) for o in allowed_origins if o.strip()}
         self._any_origin = "*" in origins
         self._origins = origins - {"*"}
+        self.client_secrets = client_secrets or ClientSecrets(0)
 
     @property
     def requires_key(self) -> bool:
@@ -55,16 +60,43 @@ class AccessPolicy:
         """Check a WebSocket handshake (header names in lower case, as ASGI gives them)."""
         subprotocol = _choose_subprotocol(subprotocols)
         origin = headers.get("origin")
-        if origin is not None and self._origins and not self._any_origin and _origin(origin) not in self._origins:
+        if origin is not None and not self.origin_allowed(origin):
             return Verdict(ErrorCode.FORBIDDEN_ORIGIN, "this origin may not connect", subprotocol)
-        if self._keys and not self.key_matches(_presented_key(headers, query, subprotocols)):
+        presented = _presented_key(headers, query, subprotocols)
+        if self._keys and not self.key_matches(presented):
             return Verdict(ErrorCode.UNAUTHORIZED, "a valid API key is required", subprotocol)
+        if presented is not None and presented.startswith(EPHEMERAL_PREFIX) and self.client_secrets.find(presented) is None:
+            return Verdict(ErrorCode.UNAUTHORIZED, "the ephemeral key is unknown or has expired", subprotocol)
         return Verdict(None, "", subprotocol)
 
+    def origin_allowed(self, origin: str) -> bool:
+        """True for a browser origin that may connect (any, with ``allowed_origins`` empty)."""
+        return not self._origins or self._any_origin or _origin(origin) in self._origins
+
+    def origin_listed(self, origin: str) -> bool:
+        """True for an origin ``allowed_origins`` names (or admits with ``*``): a page served
+        from another origin may call the HTTP API only then (CORS)."""
+        return self._any_origin or _origin(origin) in self._origins
+
+    def secret(self, headers: Mapping[str, str], query: Mapping[str, str],
+               subprotocols: Sequence[str] = ()) -> ClientSecret | None:
+        """The live ephemeral key a connection presents, else None."""
+        return self.client_secrets.find(_presented_key(headers, query, subprotocols))
+
+    def owner(self, headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str] = ()) -> str:
+        """Who a connection's sessions belong to: the digest of its API key (of the key that
+        minted its ephemeral key; "" with none)."""
+        presented = _presented_key(headers, query, subprotocols)
+        secret = self.client_secrets.find(presented)
+        return secret.owner if secret is not None else digest(presented)
+
     def key_matches(self, presented: str | None) -> bool:
-        """True when ``presented`` is one of the keys (every key is compared, in constant time)."""
+        """True when ``presented`` is one of the keys (every key is compared, in constant
+        time) or a live ephemeral key."""
         if presented is None:
             return False
+        if presented.startswith(EPHEMERAL_PREFIX):
+            return self.client_secrets.find(presented) is not None
         candidate = presented.encode("utf-8")
         matched = False
         for key in self._keys:
@@ -74,6 +106,14 @@ class AccessPolicy:
     def http_key(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
         """True when an HTTP request may see protected endpoints (always, with no keys set)."""
         return not self._keys or self.key_matches(_presented_key(headers, query, ()))
+
+    def real_key(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+        """True when an HTTP request presents an API key itself, not an ephemeral one
+        (always, with no keys set): what minting a key takes."""
+        presented = _presented_key(headers, query, ())
+        if not self._keys:
+            return True
+        return presented is not None and not presented.startswith(EPHEMERAL_PREFIX) and self.key_matches(presented)
 
 
 def warn_if_open(host: str, policy: AccessPolicy) -> bool:

@@ -23,7 +23,7 @@ from handlers.session.observer import FrameOutcome, SessionObserver
 from handlers.wire.protocol import AudioChunkIn, ClientEvent, VideoQuery
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-PROTOCOLS = ("video_chat", "realtime", "gemini_live")
+PROTOCOLS = ("video_chat", "realtime", "gemini_live", "webrtc")
 FRAME_OUTCOMES: tuple[FrameOutcome, ...] = ("accepted", "filtered", "evicted", "shed", "invalid")
 ANSWER_STATUSES = ("completed", "interrupted", "failed")
 #: Error codes that mean a frame was refused (counted as frames with outcome ``invalid`` too).

@@ -310,6 +310,31 @@ class Settings(BaseSettings):
         3600, ge=1, le=100_000, description="moments one memory.search checks at most"
     )
 
+    # WebRTC calls (POST /v1/realtime/calls) and ephemeral keys (POST /v1/realtime/client_secrets).
+    webrtc_ice_servers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="STUN/TURN servers the server's side of a call uses, comma-separated "
+        "(stun:HOST:PORT, turn:USER:PASSWORD@HOST:PORT); empty: host candidates only",
+    )
+    webrtc_connect_timeout_s: float = Field(
+        20.0, gt=0, le=300, description="a call whose data channel has not opened by then is ended and freed"
+    )
+    webrtc_max_pending_messages: int = Field(
+        256, ge=8, le=100_000, description="a call's data-channel messages and media read but not yet taken; a peer past it is ended"
+    )
+    webrtc_max_buffered_bytes: int = Field(
+        4 * MiB, ge=64 * 1024, description="a call's data-channel bytes not yet sent; a peer that reads none past it is ended"
+    )
+    webrtc_max_audio_out_s: float = Field(
+        120.0, gt=0, le=3600, description="spoken answer audio a call queues for its outgoing track; more is dropped"
+    )
+    webrtc_frame_side: int = Field(
+        640, ge=64, le=4096, description="a camera track's sampled frame is scaled to at most this many pixels a side"
+    )
+    max_client_secrets: int = Field(
+        10_000, ge=1, le=1_000_000, description="ephemeral keys alive at once; past it the one closest to expiry goes"
+    )
+
     # Access control (off when api_keys is empty).
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
@@ -328,7 +353,8 @@ class Settings(BaseSettings):
                 raise ValueError(f"not an HTTP header name: {name!r}")
         return names
 
-    @field_validator("openai_urls", "api_keys", "allowed_origins", "openai_session_headers", mode="before")
+    @field_validator("openai_urls", "api_keys", "allowed_origins", "openai_session_headers", "webrtc_ice_servers",
+                     mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         """A flag or environment variable gives a comma-separated string (or a JSON list)."""

@@ -92,6 +92,7 @@ class LivesightSettings(_Part):
     use_audio_in_video: bool | None = None
     watches: list[dict[str, Any]] | None = Field(None, max_length=64)  # as session.config's (see protocol.md)
     memory: dict[str, Any] | None = None  # as session.config's
+    camera_fps: float | None = None
 
 
 class RealtimeSession(_Part):

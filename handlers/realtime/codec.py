@@ -54,8 +54,11 @@ class RealtimeCodec:
     #: without turn detection nothing is transcribed before the commit.
     commits_audio = True
 
-    def __init__(self, model: str | None, max_message_bytes: int | None = None) -> None:
+    def __init__(self, model: str | None, max_message_bytes: int | None = None,
+                 bound: dict[str, Any] | None = None) -> None:
         self.session = SessionView(model)
+        #: The session config an ephemeral key carries: it wins over the client's updates.
+        self._bound = rtc.RealtimeSession.model_validate(bound) if bound else None
         self._max_bytes = max_message_bytes  # the server's max_message_bytes (None: the transport's only)
         self._answers = AnswerTracker()
         self._event_ids = itertools.count(1)
@@ -85,6 +88,8 @@ class RealtimeCodec:
 
     def _session_update(self, event: rtc.SessionUpdate) -> list[CoreInput]:
         changes = self.session.changes(event.session)
+        if self._bound is not None:
+            changes.update(self.session.changes(self._bound))
         return [cmd.ConfigUpdate(changes=changes, refused=event._refused, ignored=event._ignored)]
 
     def _append(self, event: rtc.InputAudioBufferAppend) -> list[CoreInput]:

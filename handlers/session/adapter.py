@@ -42,7 +42,7 @@ from handlers.session.executor import Executor
 from handlers.session.intake import Admission, IntakeLimits, ReadAhead
 from handlers.session.observer import SessionObserver
 from handlers.session.resume import ParkedSession, ParkingLot, digest
-from handlers.session.transport import Disconnected, Transport
+from handlers.session.transport import Decoded, Disconnected, Transport
 from handlers.session.voice import voice_paths
 from handlers.wire.codec import CloseConnection, V1Codec, WireCodec
 from handlers.wire.commands import AnswerRequest, CancelRequest, ClearOutputAudio
@@ -325,7 +325,7 @@ class Session:
                 raw = await self._receive_or_idle()
                 await anyio.lowlevel.checkpoint()
                 try:
-                    events = self.codec.decode(raw)
+                    events = raw.events if isinstance(raw, Decoded) else self.codec.decode(raw)
                 except SessionError as exc:
                     if await self._within_budget(False):
                         await self.report(exc)
@@ -392,7 +392,7 @@ class Session:
     async def _shed(self, event: VideoFrame) -> None:
         await self.executor.input(FrameShed(event))
 
-    async def _receive_or_idle(self) -> str | bytes:
+    async def _receive_or_idle(self) -> str | bytes | Decoded:
         """Next message; raises the idle timeout when nothing came and nothing is running."""
         while True:
             with anyio.move_on_after(self.core.limits.idle_timeout_s):

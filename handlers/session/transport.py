@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -13,8 +14,16 @@ class Disconnected(Exception):
         self.code = code
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """Client inputs a transport decoded itself (a WebRTC call's camera frames and
+    microphone audio), read in order with its messages and not through the codec."""
+
+    events: list[object]
+
+
 class Transport(Protocol):
-    async def receive(self) -> str | bytes:
+    async def receive(self) -> str | bytes | Decoded:
         """Next message. Raises ``Disconnected``."""
         ...
 
@@ -25,3 +34,23 @@ class Transport(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the connection with ``code`` and ``reason`` (idempotent)."""
         ...
+
+
+class Prefaced:
+    """A transport whose first messages are given (the session config an ephemeral key
+    carries), read before the client's."""
+
+    def __init__(self, inner: Transport, *first: str) -> None:
+        self.inner = inner
+        self._first = list(first)
+
+    async def receive(self) -> str | bytes | Decoded:
+        if self._first:
+            return self._first.pop(0)
+        return await self.inner.receive()
+
+    async def send(self, text: str) -> None:
+        await self.inner.send(text)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.inner.close(code, reason)

@@ -212,6 +212,9 @@ class SessionConfig(_ClientEvent):
     resume_token: str | None = Field(None, max_length=200)
     watches: list[WatchSpec] = Field(default_factory=list, max_length=64)
     memory: MemorySettings = Field(default_factory=MemorySettings)
+    #: Frames a second the server samples from a camera it receives as video (a WebRTC
+    #: call's camera track); frames sent as images are not sampled.
+    camera_fps: float = Field(2.0, gt=0.0, le=30.0)
 
     @model_validator(mode="before")
     @classmethod

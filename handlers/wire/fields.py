@@ -42,5 +42,6 @@ LIVESIGHT_FIELDS = (
     "use_audio_in_video",
     "watches",
     "memory",
+    "camera_fps",
 )
 LIVE_ONLY_FIELDS = ("speech_rate",)

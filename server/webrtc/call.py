@@ -1,0 +1,203 @@
+"""One WebRTC call: a peer connection whose ``oai-events`` data channel speaks the Realtime
+events of ``/v1/realtime`` (the same codec and session core), whose microphone and camera
+tracks feed the session, and whose outgoing audio track speaks its answers.
+
+``CallTransport`` is the session's ``Transport``: the data channel's messages and the
+media pumps' inputs in one bounded queue (a peer that floods past it is ended), sends on the
+channel (a peer that reads nothing past ``max_buffered_bytes`` is ended). ``CallCodec`` is
+the Realtime codec with the answers' audio going to the track instead of the channel, as
+OpenAI's WebRTC interface does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from aiortc import RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamTrack
+
+from handlers.core import events as ev
+from handlers.realtime import RealtimeCodec
+from handlers.session.transport import Decoded, Disconnected
+from server.webrtc.media import Sampler, Speaker, camera, microphone
+
+log = logging.getLogger("livesight.webrtc")
+
+EVENTS_CHANNEL = "oai-events"
+#: How long ``send`` waits for the data channel to open or drain before the peer counts as gone.
+SEND_WAIT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimits:
+    connect_timeout_s: float
+    max_pending: int
+    max_buffered_bytes: int
+    max_audio_out_bytes: int
+    frame_side: int
+
+
+class CallTransport:
+    """The session's view of a call: receive messages and media, send on the data channel."""
+
+    def __init__(self, limits: CallLimits) -> None:
+        self.limits = limits
+        self._in, self._out = anyio.create_memory_object_stream[str | bytes | Decoded](limits.max_pending)
+        self.channel: RTCDataChannel | None = None
+        self.opened = anyio.Event()
+        self.end_code: int | None = None  # 1000: hung up (the session ends for good); None: the peer vanished
+        self.shed_frames = 0
+        self.drained = anyio.Event()
+
+    def attach(self, channel: RTCDataChannel) -> None:
+        """Take the peer's ``oai-events`` channel (another is closed)."""
+        if channel.label != EVENTS_CHANNEL or self.channel is not None:
+            channel.close()
+            return
+        self.channel = channel
+        channel.on("message", self._message)
+        channel.on("close", lambda: self.end(None))
+        channel.on("bufferedamountlow", lambda: self.drained.set())
+        channel.bufferedAmountLowThreshold = self.limits.max_buffered_bytes // 4
+        if channel.readyState == "open":
+            self.opened.set()
+        channel.on("open", self.opened.set)
+
+    def preface(self, text: str) -> None:
+        """A message read before the peer's (a config the call was offered with)."""
+        self._in.send_nowait(text)
+
+    def _message(self, message: str | bytes) -> None:
+        try:
+            self._in.send_nowait(message)
+        except anyio.WouldBlock:
+            log.warning("a call's peer sent more than %d messages unread; ending it", self.limits.max_pending)
+            self.end(1008)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    async def deliver(self, events: list[Any]) -> None:
+        """Media decoded by the call's pumps; a frame that finds the queue full is shed."""
+        try:
+            self._in.send_nowait(Decoded(events))
+        except anyio.WouldBlock:
+            self.shed_frames += 1
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    def end(self, code: int | None) -> None:
+        """The call is over (hung up, failed, or its channel closed): what was read is still taken."""
+        if self.end_code is None:
+            self.end_code = code
+        self._in.close()
+
+    async def receive(self) -> str | bytes | Decoded:
+        try:
+            return await self._out.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise Disconnected(self.end_code) from None
+
+    async def send(self, text: str) -> None:
+        with anyio.move_on_after(SEND_WAIT_S):
+            await self.opened.wait()
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            raise Disconnected(self.end_code)
+        if channel.bufferedAmount > self.limits.max_buffered_bytes:
+            self.drained = anyio.Event()
+            with anyio.move_on_after(SEND_WAIT_S):
+                await self.drained.wait()
+            if channel.bufferedAmount > self.limits.max_buffered_bytes:
+                log.warning("a call's peer reads nothing; ending it")
+                self.end(1008)
+                raise Disconnected(1008)
+        channel.send(text)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.end(code)
+
+
+class CallCodec(RealtimeCodec):
+    """The Realtime codec of a call: answers' audio goes to the outgoing track."""
+
+    def __init__(self, speaker: Speaker, model: str | None, max_message_bytes: int | None = None,
+                 bound: dict[str, Any] | None = None) -> None:
+        super().__init__(model, max_message_bytes, bound)
+        self.speaker = speaker
+
+    def encode(self, event: ev.Event) -> list[str]:
+        if isinstance(event, ev.AnswerAudioDelta):
+            try:
+                self.speaker.play(event.data)
+            except ValueError as exc:
+                log.warning("engine audio could not be played: %s", exc)
+            return []
+        if isinstance(event, ev.OutputAudioCleared) or (
+                isinstance(event, ev.AnswerEnded) and event.status == "interrupted"):
+            self.speaker.clear()
+        return super().encode(event)
+
+    @property
+    def camera_fps(self) -> float:
+        return float(self.session.config.get("camera_fps") or 2.0)
+
+
+class Call:
+    """A call from its offer to its end: run ``run`` in the server's task group."""
+
+    def __init__(self, call_id: str, pc: RTCPeerConnection, transport: CallTransport, codec: CallCodec,
+                 limits: CallLimits) -> None:
+        self.call_id = call_id
+        self.pc = pc
+        self.transport = transport
+        self.codec = codec
+        self.limits = limits
+        self.tracks: list[MediaStreamTrack] = []
+        self.sampler = Sampler(2.0)
+        self.connected = False
+        pc.on("datachannel", transport.attach)
+        pc.on("track", self.tracks.append)
+        pc.on("connectionstatechange", self._state)
+
+    def _state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self.transport.end(None)
+
+    def hang_up(self) -> None:
+        self.transport.end(1000)
+
+    async def run(self, serve: Callable[[], Awaitable[None]]) -> None:
+        """Wait for the data channel (``connect_timeout_s``), then serve the session; the
+        peer connection is closed at the end whatever happened."""
+        try:
+            with anyio.move_on_after(self.limits.connect_timeout_s):
+                await self.transport.opened.wait()
+            if not self.transport.opened.is_set():
+                log.info("call %s: no data channel within %g s; ended", self.call_id[-8:], self.limits.connect_timeout_s)
+                return
+            if self.transport.end_code is not None:
+                return
+            self.connected = True
+            async with anyio.create_task_group() as tg:
+                for track in self.tracks:
+                    if track.kind == "audio":
+                        tg.start_soon(microphone, track, self.transport.deliver)
+                    elif track.kind == "video":
+                        tg.start_soon(self._camera, track)
+                await serve()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                self.transport.end(None)
+                await self.pc.close()
+
+    async def _camera(self, track: MediaStreamTrack) -> None:
+        async def deliver(events: list[Any]) -> None:
+            self.sampler.fps = self.codec.camera_fps  # the session may change it
+            await self.transport.deliver(events)
+
+        await camera(track, self.sampler, self.limits.frame_side, deliver)
