@@ -230,6 +230,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "event_loop_lag_max_ms": round(metrics.take_loop_lag_max() * 1000, 1),
                 "watches": dict(metrics.watch_totals),
                 "memory": memory_summary(app.state.memory, metrics.memory_totals),
+                "webrtc": {"calls": len(app.state.calls.calls), "connecting": app.state.calls.connecting,
+                           "started": app.state.calls.started, "abandoned": app.state.calls.abandoned,
+                           "client_secrets": len(access.client_secrets)},
                 "engine": app.state.engine.stats(),
                 "kv_cache_tokens": app.state.engine.kv_cache_tokens(),
             }

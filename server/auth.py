@@ -50,7 +50,7 @@ class AccessPolicy:
         origins = {_origin(o) for o in allowed_origins if o.strip()}
         self._any_origin = "*" in origins
         self._origins = origins - {"*"}
-        self.client_secrets = client_secrets or ClientSecrets(0)
+        self.client_secrets = client_secrets if client_secrets is not None else ClientSecrets(0)
 
     @property
     def requires_key(self) -> bool:
@@ -104,8 +104,12 @@ class AccessPolicy:
         return matched
 
     def http_key(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
-        """True when an HTTP request may see protected endpoints (always, with no keys set)."""
-        return not self._keys or self.key_matches(_presented_key(headers, query, ()))
+        """True when an HTTP request may see protected endpoints (always, with no keys set,
+        unless it presents an ephemeral key that is not live)."""
+        presented = _presented_key(headers, query, ())
+        if presented is not None and presented.startswith(EPHEMERAL_PREFIX):
+            return self.client_secrets.find(presented) is not None
+        return not self._keys or self.key_matches(presented)
 
     def real_key(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
         """True when an HTTP request presents an API key itself, not an ephemeral one

@@ -56,6 +56,8 @@ class ClientSecrets:
         session = body.get("session") or {}
         if not isinstance(session, dict):
             raise ClientSecretError("session must be an object (a Realtime session config)")
+        if self.max_keys < 1:
+            raise ClientSecretError("this server mints no ephemeral keys")
         self._sweep()
         while len(self._keys) >= self.max_keys:
             self._drop_soonest()

@@ -4,11 +4,13 @@ answers are spoken on the outgoing track, and bad offers, hangups and keys behav
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from server.background import RunningServer
-from server.client.webrtc_peer import PictureTrack, Peer
+from server.client.webrtc_peer import Peer, PictureTrack, SpeechTrack
 
 pytestmark = pytest.mark.anyio
 
@@ -33,13 +35,126 @@ async def test_a_call_answers_on_its_data_channel_over_its_sampled_camera(server
         assert created["session"]["livesight"]["camera_fps"] == 2
         frames = [await peer.next("conversation.item.added") for _ in range(3)]
         assert all(f["item"]["content"][0]["type"] == "input_image" for f in frames)
+        assert camera.count >= 3 * len(frames)  # sent at 15 fps, kept at 2 (the first at once)
         peer.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "what do you see?"}]}})
         peer.send({"type": "response.create", "response": {"max_output_tokens": 4}})
         done = await peer.next("response.done")
         assert done["type"] == "response.done" and done["response"]["status"] != "failed", done
-        assert camera.count > 3 * 15 / 2 * 0.8  # the peer sent at 15 fps, the server kept 2 a second
         hung = await peer.hang_up(_base(server))
         assert hung.status_code == 200
     finally:
         await peer.close()
+
+
+async def test_a_spoken_question_on_the_microphone_is_answered_aloud_on_the_call_track(server: RunningServer) -> None:
+    """server_vad hears the question on the microphone track (Opus), the answer's words come
+    on the data channel and its audio on the outgoing track, never as audio deltas in events."""
+    from handlers.wire.audio import Pcm, resample
+    from server.bench.spoken import speak_clip
+
+    camera = PictureTrack(lambda n: np.full((240, 320, 3), 90, np.uint8), fps=10)
+    microphone = SpeechTrack()
+    peer = Peer(camera=camera, microphone=microphone)
+    try:
+        assert (await peer.call(_base(server))).status_code == 201
+        await peer.next("session.created")
+        peer.send({"type": "session.update", "session": {
+            "output_modalities": ["audio"], "max_output_tokens": 8,
+            "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
+        await peer.next("session.updated")
+        await peer.next("conversation.item.added")  # a frame: the answer has something to see
+        clip = speak_clip("what is on the table", noise=30, seed=1)
+        microphone.say(resample(Pcm(clip.pcm16, 16_000), 48_000).samples)
+        seen = []
+        while True:
+            event = await peer.next("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                                    "response.output_audio.delta", "response.done")
+            seen.append(event["type"])
+            if event["type"] in ("response.done", "error"):
+                break
+        assert seen[:2] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped"], seen
+        assert seen[-1] == "response.done" and "response.output_audio.delta" not in seen, seen
+        for _ in range(100):  # the audio plays in real time after its words
+            if len(peer.heard) >= 48_000 * 2 * 0.3:
+                break
+            await asyncio.sleep(0.1)
+        assert len(peer.heard) >= 48_000 * 2 * 0.3, len(peer.heard)
+    finally:
+        await peer.close()
+
+
+async def test_bad_offers_get_a_clear_400_and_abandoned_offers_are_freed(server: RunningServer) -> None:
+    """Not SDP, SDP with no media, a wrong content type: 400 naming the problem. An offer whose
+    peer never connects is ended after webrtc_connect_timeout_s (3 s here) and counted."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
+        for body, kind, words in [("hello", "application/sdp", "not an SDP offer"),
+                                  ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n",
+                                   "application/sdp", "could not be answered"),
+                                  ("v=0\r\nm=", "application/json", "application/sdp")]:
+            response = await http.post("/v1/realtime/calls", content=body, headers={"Content-Type": kind})
+            assert response.status_code == 400 and words in response.json()["error"]["message"], response.text
+        assert (await http.post("/v1/realtime/calls/rtc_nope/hangup")).status_code == 404
+        before = (await http.get("/metrics.json")).json()["webrtc"]
+        abandoned = Peer()  # offers, never takes the answer
+        abandoned.pc.addTransceiver("audio", direction="sendrecv")
+        await abandoned.pc.setLocalDescription(await abandoned.pc.createOffer())
+        response = await http.post("/v1/realtime/calls", content=abandoned.pc.localDescription.sdp,
+                                   headers={"Content-Type": "application/sdp"})
+        assert response.status_code == 201
+        await abandoned.close()
+        for _ in range(100):
+            now = (await http.get("/metrics.json")).json()["webrtc"]
+            if now["abandoned"] > before["abandoned"] and now["calls"] == before["calls"]:
+                break
+            await asyncio.sleep(0.1)
+        assert now["abandoned"] == before["abandoned"] + 1 and now["calls"] == before["calls"], (before, now)
+
+
+async def test_ephemeral_keys_open_calls_and_sockets_bind_their_session_and_stale_ones_are_refused(
+    server: RunningServer,
+) -> None:
+    """POST /v1/realtime/client_secrets mints an ek_ key as OpenAI does; its session is applied
+    when a call or a /v1/realtime socket starts and wins over the client's own; an unknown key
+    is refused on calls and sockets; bad requests are 400."""
+    import json
+
+    import httpx
+    import websockets
+
+    async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
+        for body in [{"expires_after": {"anchor": "created_at", "seconds": 5}}, {"session": {"max_output_tokens": "x"}},
+                     {"expires_after": {"seconds": 7201}}, {"session": []}]:
+            assert (await http.post("/v1/realtime/client_secrets", json=body)).status_code == 400, body
+        minted = (await http.post("/v1/realtime/client_secrets", json={
+            "expires_after": {"anchor": "created_at", "seconds": 600},
+            "session": {"type": "realtime", "instructions": "be brief", "livesight": {"camera_fps": 1}}})).json()
+        assert minted["value"].startswith("ek_") and minted["session"]["instructions"] == "be brief"
+        assert 590 <= minted["expires_at"] - __import__("time").time() <= 601
+        stale = await http.post("/v1/realtime/calls", content="v=0", headers={
+            "Authorization": "Bearer ek_unknown", "Content-Type": "application/sdp"})
+        assert stale.status_code == 401
+
+    peer = Peer(camera=PictureTrack(lambda n: np.zeros((120, 160, 3), np.uint8), fps=5))
+    try:
+        response = await peer.call(_base(server), minted["value"], session={"type": "realtime", "livesight": {"camera_fps": 5}})
+        assert response.status_code == 201, response.text
+        for _ in range(2):  # the client's config, then the key's: the key's wins both times
+            updated = await peer.next("session.updated")
+            assert updated["session"]["livesight"]["camera_fps"] == 1 and updated["session"]["instructions"] == "be brief"
+        peer.send({"type": "session.update", "session": {"instructions": "be long", "livesight": {"camera_fps": 10}}})
+        updated = await peer.next("session.updated")
+        assert updated["session"]["livesight"]["camera_fps"] == 1 and updated["session"]["instructions"] == "be brief"
+    finally:
+        await peer.close()
+
+    url = f"ws://{server.host}:{server.port}/v1/realtime"
+    async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{minted['value']}"]) as ws:
+        kinds = [json.loads(await ws.recv()) for _ in range(2)]
+        assert [k["type"] for k in kinds] == ["session.created", "session.updated"]
+        assert kinds[1]["session"]["instructions"] == "be brief"
+    async with websockets.connect(url, subprotocols=["realtime", "openai-insecure-api-key.ek_stale"]) as ws:
+        refused = json.loads(await ws.recv())
+        assert refused["type"] == "error" and "ephemeral" in refused["error"]["message"]
