@@ -158,3 +158,34 @@ async def test_ephemeral_keys_open_calls_and_sockets_bind_their_session_and_stal
     async with websockets.connect(url, subprotocols=["realtime", "openai-insecure-api-key.ek_stale"]) as ws:
         refused = json.loads(await ws.recv())
         assert refused["type"] == "error" and "ephemeral" in refused["error"]["message"]
+
+
+async def test_cors_preflight_is_answered_for_the_sdks_headers_only(server: RunningServer) -> None:
+    """The shared server lists no allowed origins: a page of another origin is refused its
+    preflight and its offer (403); the same origin needs none. The policy that admits an
+    origin answers the headers OpenAI's SDK sends and exposes Location (unit-tested with
+    AccessPolicy: tests/core/server/test_client_secrets.py covers keys)."""
+    import httpx
+
+    from server.auth import AccessPolicy
+    from server.webrtc.calls import ALLOWED_HEADERS, _cors
+
+    asks = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-openai-agents-sdk"}
+    async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
+        assert (await http.options("/v1/realtime/calls", headers=asks)).status_code == 403
+        refused = await http.post("/v1/realtime/calls", content="v=0", headers={"Origin": "https://app.example"})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden_origin"
+        same = await http.post("/v1/realtime/calls", content="v=0", headers={"Origin": _base(server)})
+        assert same.status_code == 400  # judged as an offer (not SDP), no CORS needed
+
+    class Asked:
+        def __init__(self, headers: dict[str, str]) -> None:
+            self.headers = {k.lower(): v for k, v in headers.items()} | {"host": "livesight.local"}
+
+    policy = AccessPolicy([], ["https://app.example"])
+    cors, allowed = _cors(Asked(asks), policy)  # type: ignore[arg-type]
+    assert allowed and cors["Access-Control-Allow-Origin"] == "https://app.example"
+    assert cors["Access-Control-Expose-Headers"] == "Location"
+    assert {"authorization", "content-type", "x-openai-agents-sdk"} <= set(ALLOWED_HEADERS)
+    assert _cors(Asked({"Origin": "https://evil.example"}), policy) == ({"Vary": "Origin"}, False)  # type: ignore[arg-type]
