@@ -18,6 +18,8 @@ class Clock:
 
 
 def test_keys_expire_are_bounded_and_are_checked_by_the_access_policy() -> None:
+    """Expiry on a fake clock, the bound, the mint's refusals, and the policy's view of a live
+    and of a stale key (with and without real keys set)."""
     clock = Clock()
     keys = ClientSecrets(3, clock)
     short = keys.mint({"expires_after": {"anchor": "created_at", "seconds": 10}}, owner="o")

@@ -27,12 +27,15 @@ RED_WATCH = {"watch_id": "red", "condition": "Is the screen red?", "cooldown_s":
 
 @pytest.fixture(scope="module")
 def demo_server(colours_models: ShippedModels) -> Iterator[RunningServer]:
+    """The server on the shipped demo model (the colours model of ``livesight serve``)."""
     model = colours_models.get("qwen2_5_vl").path
     with run_server(Settings(model=str(model), resume_grace_s=0)) as running:
         yield running
 
 
 async def test_a_red_watch_fires_on_the_camera_track_within_two_sampled_frames(demo_server: RunningServer) -> None:
+    """Frames are sampled in order (camera_1 at 0 s); one fire, after the first red sampled
+    frame and at most two sampled frames later; none on the grey before it."""
     scene = ColourScene(np.random.default_rng(3), (320, 240))
     pictures = [scene.frame("red" if n in RED else "grey", n, None).pixels for n in range(12 * FPS)]
     camera = PictureTrack(lambda n: pictures[min(n, len(pictures) - 1)], fps=FPS)
