@@ -64,10 +64,19 @@ system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 
+# OpenAI's Agents SDK for the WebRTC browser test (tests/heavy/browser/test_agents_webrtc.py):
+# @openai/agents-realtime from npm as its lockfile pins it, unmodified, bundled with esbuild.
+AGENTS_PAGE := tests/heavy/browser/agents
+AGENTS_BUNDLE := $(AGENTS_PAGE)/build/agents-realtime.js
+$(AGENTS_BUNDLE): $(AGENTS_PAGE)/package.json $(AGENTS_PAGE)/package-lock.json $(AGENTS_PAGE)/entry.js
+	@command -v npm >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
+	cd $(AGENTS_PAGE) && npm ci --no-audit --no-fund --loglevel=error
+	cd $(AGENTS_PAGE) && ./node_modules/.bin/esbuild entry.js --bundle --format=esm --log-level=warning --outfile=build/agents-realtime.js
+
 # The whole suite in two worker processes, one per core: each test file is a unit of work
 # (tests/conftest.py orders them, slowest first), the files sharing a vLLM server one unit.
 TEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps $(AGENTS_BUNDLE)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(TEST_WORKERS) $(ARGS)
 
 test-core: $(STAMP)

@@ -242,13 +242,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def list_moments(session_id: str, request: Request) -> Response:
         if not access.http_key(request.headers, request.query_params):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
-        return await moments_listing(app.state.memory, session_id, request.query_params)
+        return await moments_listing(app.state.memory, session_id, request.query_params,
+                                     access.owner(request.headers, request.query_params))
 
     @app.get("/v1/sessions/{session_id}/moments/{moment_id}.jpg")
     async def moment_jpeg(session_id: str, moment_id: int, request: Request) -> Response:
         if not access.http_key(request.headers, request.query_params):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
-        return await keyframe_response(app.state.memory, session_id, moment_id)
+        return await keyframe_response(app.state.memory, session_id, moment_id,
+                                       access.owner(request.headers, request.query_params))
 
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from handlers.realtime.client_events import AudioFormat, Modality
 
@@ -70,6 +70,15 @@ class ItemContent(_Out):
     text: str | None = None
     transcript: str | None = None
     image_url: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _audio_has_a_transcript(cls, data: Any) -> Any:
+        """An ``input_audio`` part always says its transcript ("" until it is known): OpenAI's
+        Agents SDK requires the field (None fields are left out on the wire)."""
+        if isinstance(data, dict) and data.get("type") == "input_audio" and data.get("transcript") is None:
+            return {**data, "transcript": ""}
+        return data
 
 
 class Item(_Out):

@@ -247,6 +247,7 @@ class Session:
             if remembered is not None:
                 log.info("session continues the memory of session %s", remembered[:8])
         self._ready = ready.model_copy(update={"resumed": False, "last_frame_id": None})
+        await self._claim_memory(ready.memory_id)
         if self.parking is not None:
             self._resume_token = self.parking.new_token()
             ready = ready.model_copy(update={"resume_token": self._resume_token})
@@ -263,6 +264,15 @@ class Session:
         except (OSError, RuntimeError) as exc:
             log.warning("the memory store could not be asked for a handle: %s", exc)
             return None
+
+    async def _claim_memory(self, memory_id: str | None) -> None:
+        """The session's memory belongs to its client's key (its moments' HTTP views check it)."""
+        if self.memory is None or memory_id is None:
+            return
+        try:
+            await self.memory.store.claim(memory_id, self.owner, time.time() * 1000)
+        except (OSError, RuntimeError) as exc:
+            log.warning("the memory store could not record the session's owner: %s", exc)
 
     async def _keep_handle(self, token: str, memory_id: str | None) -> None:
         """Let ``token`` find this session's memory (``memory_id``; None: it keeps none) again

@@ -95,6 +95,11 @@ CREATE TABLE IF NOT EXISTS livesight.handles (
 );
 CREATE INDEX IF NOT EXISTS handles_by_session ON livesight.handles (session_id, at_ms, kept);
 CREATE INDEX IF NOT EXISTS handles_by_age ON livesight.handles (at_ms);
+CREATE TABLE IF NOT EXISTS livesight.owners (
+    session_id text PRIMARY KEY,
+    owner text NOT NULL,
+    at_ms double precision NOT NULL
+);
 
 CREATE OR REPLACE FUNCTION livesight.count_bytes() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -186,7 +191,7 @@ class PostgresMemoryStore(MemoryStore):
             async with pool.acquire() as db, db.transaction():
                 await db.execute("SELECT pg_advisory_xact_lock($1)", _STORE_LOCK)
                 # The newest table: a database made before it gets the rest again, each part idempotent.
-                if await db.fetchval("SELECT to_regclass('livesight.handles')") is None:
+                if await db.fetchval("SELECT to_regclass('livesight.owners')") is None:
                     await db.execute(SCHEMA)
         except BaseException:
             await pool.close()
@@ -259,6 +264,7 @@ class PostgresMemoryStore(MemoryStore):
             await db.execute("DELETE FROM livesight.sessions WHERE session_id = $1", session_id)
             await _lock_handles(db, session_id)
             await db.execute("DELETE FROM livesight.handles WHERE session_id = $1", session_id)
+            await db.execute("DELETE FROM livesight.owners WHERE session_id = $1", session_id)
         return deleted
 
     async def sweep(self, now_ms: float) -> int:
@@ -284,7 +290,22 @@ class PostgresMemoryStore(MemoryStore):
             await db.execute(
                 "DELETE FROM livesight.handles WHERE kept IN (SELECT kept FROM livesight.handles WHERE at_ms < $1"
                 " FOR UPDATE SKIP LOCKED)", cutoff)
+            await db.execute(
+                "DELETE FROM livesight.owners WHERE at_ms < $1"
+                " AND NOT EXISTS (SELECT 1 FROM livesight.sessions s WHERE s.session_id = livesight.owners.session_id)",
+                cutoff)
         return deleted
+
+    async def claim(self, session_id: str, owner: str, at_ms: float) -> None:
+        _, owner = checked_handle("-", owner)
+        async with self.pool.acquire() as db:
+            await db.execute("INSERT INTO livesight.owners (session_id, owner, at_ms) VALUES ($1, $2, $3)"
+                             " ON CONFLICT (session_id) DO NOTHING", checked_session(session_id), owner, float(at_ms))
+
+    async def owner(self, session_id: str) -> str | None:
+        async with self.pool.acquire() as db:
+            return await db.fetchval("SELECT owner FROM livesight.owners WHERE session_id = $1",
+                                     checked_session(session_id))
 
     async def keep_handle(self, handle: str, session_id: str, owner: str, at_ms: float) -> None:
         handle, owner = checked_handle(handle, owner)

@@ -16,7 +16,7 @@ from handlers.core.memory import moment_url
 from handlers.core.negotiation import MemoryPolicy
 from handlers.session.memory_jobs import Memory, MemoryWriter
 from server.memory.factory import open_store
-from server.memory.store import MemoryLimits
+from server.memory.store import MemoryLimits, same_owner
 from server.settings import Settings
 
 log = logging.getLogger("livesight.memory")
@@ -101,8 +101,16 @@ def memory_summary(memory: Memory | None, captions: dict[str, int]) -> dict[str,
             "dropped": writer.dropped, "failed": writer.failed, **captions}
 
 
-async def moments_listing(memory: Memory | None, session_id: str, query: Mapping[str, str]) -> Response:
-    """A session's moments (``from_ms``, ``to_ms``, ``limit`` from the query), oldest first."""
+async def _owned(memory: Memory, session_id: str, owner: str) -> bool:
+    """Whether a client presenting ``owner`` (its key's digest) may see the session's memory:
+    the key that opened the session (any, for memory kept before owners were recorded)."""
+    kept = await memory.store.owner(session_id)
+    return kept is None or same_owner(kept, owner)
+
+
+async def moments_listing(memory: Memory | None, session_id: str, query: Mapping[str, str], owner: str) -> Response:
+    """A session's moments (``from_ms``, ``to_ms``, ``limit`` from the query), oldest first;
+    404 for a session of another key."""
     if memory is None:
         return JSONResponse({"error": "this server keeps no memory"}, status_code=404)
     try:
@@ -112,6 +120,8 @@ async def moments_listing(memory: Memory | None, session_id: str, query: Mapping
     except ValueError:
         return JSONResponse({"error": "from_ms, to_ms and limit must be numbers"}, status_code=400)
     try:
+        if not await _owned(memory, session_id, owner):
+            return JSONResponse({"error": "no such session"}, status_code=404)
         moments = await memory.store.moments(session_id, start, end, limit=limit)
     except ValueError:  # not a session id the store could hold
         return JSONResponse({"error": "no such session"}, status_code=404)
@@ -122,10 +132,11 @@ async def moments_listing(memory: Memory | None, session_id: str, query: Mapping
     ]})
 
 
-async def keyframe_response(memory: Memory | None, session_id: str, moment_id: int) -> Response:
-    """One moment's keyframe (JPEG), or 404."""
+async def keyframe_response(memory: Memory | None, session_id: str, moment_id: int, owner: str) -> Response:
+    """One moment's keyframe (JPEG), or 404 (also for a session of another key)."""
     try:
-        jpeg = None if memory is None else await memory.store.jpeg(session_id, moment_id)
+        owned = memory is not None and await _owned(memory, session_id, owner)
+        jpeg = await memory.store.jpeg(session_id, moment_id) if memory is not None and owned else None
     except ValueError:  # not a session id the store could hold
         jpeg = None
     if jpeg is None:

@@ -88,6 +88,11 @@ CREATE TABLE IF NOT EXISTS handles (
 );
 CREATE INDEX IF NOT EXISTS handles_by_session ON handles (session_id, at_ms);
 CREATE INDEX IF NOT EXISTS handles_by_age ON handles (at_ms);
+CREATE TABLE IF NOT EXISTS owners (
+    session_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    at_ms REAL NOT NULL
+);
 CREATE VIRTUAL TABLE IF NOT EXISTS notes_fts USING fts5 (text, content='notes', content_rowid='note_id');
 CREATE VIRTUAL TABLE IF NOT EXISTS captions_fts USING fts5 (caption, content='moments', content_rowid='moment_id');
 
@@ -243,6 +248,7 @@ class SqliteDatabase:
             deleted += db.execute("DELETE FROM moments WHERE session_id = ?", (session_id,)).rowcount
             db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             db.execute("DELETE FROM handles WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM owners WHERE session_id = ?", (session_id,))
             if deleted:
                 # FTS5 only marks deleted rows; merging the index into one segment drops their words.
                 db.execute("INSERT INTO notes_fts (notes_fts) VALUES ('optimize')")
@@ -263,7 +269,20 @@ class SqliteDatabase:
                 " WHERE NOT EXISTS (SELECT 1 FROM moments m WHERE m.session_id = sessions.session_id)"
                 " AND NOT EXISTS (SELECT 1 FROM notes n WHERE n.session_id = sessions.session_id)")
             db.execute("DELETE FROM handles WHERE at_ms < ?", (cutoff,))
+            db.execute("DELETE FROM owners WHERE at_ms < ? AND session_id NOT IN (SELECT session_id FROM sessions)",
+                       (cutoff,))
         return deleted
+
+    def claim(self, session_id: str, owner: str, at_ms: float) -> None:
+        """See ``MemoryStore.claim``."""
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO owners (session_id, owner, at_ms) VALUES (?, ?, ?)",
+                       (session_id, owner, at_ms))
+
+    def owner(self, session_id: str) -> str | None:
+        """See ``MemoryStore.owner``."""
+        row = self.db.execute("SELECT owner FROM owners WHERE session_id = ?", (session_id,)).fetchone()
+        return None if row is None else row[0]
 
     def keep_handle(self, handle: str, session_id: str, owner: str, at_ms: float) -> None:
         """See ``MemoryStore.keep_handle``."""
@@ -496,6 +515,13 @@ class SqliteMemoryStore(MemoryStore):
         except ValueError:  # no store could have kept it
             return None
         return await self._run(self._database.take_handle, handle, owner)
+
+    async def claim(self, session_id: str, owner: str, at_ms: float) -> None:
+        _, owner = checked_handle("-", owner)
+        await self._run(self._database.claim, checked_session(session_id), owner, float(at_ms))
+
+    async def owner(self, session_id: str) -> str | None:
+        return await self._run(self._database.owner, checked_session(session_id))
 
     async def usage(self, session_id: str | None = None) -> int:
         return await self._run(self._database.usage, session_id)

@@ -166,6 +166,17 @@ class MemoryStore(abc.ABC):
         kept for another owner stays."""
 
     @abc.abstractmethod
+    async def claim(self, session_id: str, owner: str, at_ms: float) -> None:
+        """Record that the session's memory belongs to ``owner`` (a digest of an API key, "" when
+        keys are off) unless it belongs to someone already (the first claim stays); its row goes
+        with ``clear``, and with ``sweep`` once the session holds nothing and the claim is older
+        than ``max_age_s``. Raises ValueError as ``keep_handle`` does for the owner."""
+
+    @abc.abstractmethod
+    async def owner(self, session_id: str) -> str | None:
+        """Whom the session's memory belongs to (None: no claim, as for memory kept before owners were)."""
+
+    @abc.abstractmethod
     async def usage(self, session_id: str | None = None) -> int:
         """Stored bytes of the session, or of the whole store."""
 

@@ -11,6 +11,7 @@ OpenAI's WebRTC interface does.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from server.webrtc.media import Sampler, Speaker, camera, microphone
 log = logging.getLogger("livesight.webrtc")
 
 EVENTS_CHANNEL = "oai-events"
+CAMERA_PREFIX = "camera_"  # the ids of the camera track's frames (media.py)
 #: How long ``send`` waits for the data channel to open or drain before the peer counts as gone.
 SEND_WAIT_S = 10.0
 
@@ -130,6 +132,8 @@ class CallCodec(RealtimeCodec):
         self.speaker = speaker
 
     def encode(self, event: ev.Event) -> list[str]:
+        if isinstance(event, ev.FrameAcked):
+            return self._frame_acked(event)
         if isinstance(event, ev.AnswerAudioDelta):
             try:
                 self.speaker.play(event.data)
@@ -141,9 +145,29 @@ class CallCodec(RealtimeCodec):
             self.speaker.clear()
         return super().encode(event)
 
+    def _frame_acked(self, ack: ev.FrameAcked) -> list[str]:
+        """A camera frame is media, as the microphone is: not a conversation item (OpenAI's
+        SDK knows no image items from the server) but a ``livesight.camera.frame`` event; the
+        frames it evicted leave the conversation only if they were items."""
+        if not _from_camera(ack.frame_id):
+            return super().encode(ack.model_copy(update={
+                "dropped_frame_ids": [f for f in ack.dropped_frame_ids if not _from_camera(f)]}))
+        out = [json.dumps({
+            "type": "livesight.camera.frame", "event_id": self._eid(), "frame_id": ack.frame_id,
+            "accepted": ack.accepted, "reason": ack.reason, "pts_ms": ack.pts_ms,
+            "server_receive_ts_ms": ack.server_receive_ts_ms, "buffered_frames": ack.buffered_frames})]
+        items = [f for f in ack.dropped_frame_ids if not _from_camera(f)]
+        if items:
+            out += super().encode(ack.model_copy(update={"frame_id": None, "dropped_frame_ids": items}))
+        return out
+
     @property
     def camera_fps(self) -> float:
         return float(self.session.config.get("camera_fps") or 2.0)
+
+
+def _from_camera(frame_id: object) -> bool:
+    return isinstance(frame_id, str) and frame_id.startswith(CAMERA_PREFIX)
 
 
 class Call:

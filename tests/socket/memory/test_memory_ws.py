@@ -132,7 +132,7 @@ async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_the
             assert max(width, height) <= 320
             assert (await http.get(f"/v1/sessions/{session_id}/moments/999999.jpg")).status_code == 404
             assert (await http.get(f"/v1/sessions/{'x' * 300}/moments/1.jpg")).status_code == 404
-            assert (await http.get(f"/v1/sessions/{'x' * 300}/moments")).json()["moments"] == []
+            assert (await http.get(f"/v1/sessions/{'x' * 300}/moments")).status_code == 404  # no session could have it
             assert (await http.get(f"/v1/sessions/{session_id}/moments?from_ms=abc")).status_code == 400
 
             # forgetting: gone from the store and from the database file
@@ -258,7 +258,8 @@ async def test_memory_is_found_again_with_the_handle_after_a_clean_close_and_aft
     """A session that closed cleanly (not parked) is continued by a connection that brings its
     resume token: same memory_id, past scenes answered by range; a restarted server (a new
     process's store over the same SQLite file, or another server on the same PostgreSQL) finds
-    it the same way; a token works once, and another key's is refused."""
+    it the same way; a token works once, and another key's is refused; another key cannot see
+    the session's moments over HTTP."""
     url = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
     settings = Settings(model=str(shipped_model_dir(DEMO_FAMILY)), data_dir=tmp_path, memory_url=url,
                         resume_grace_s=30, memory_keyframe_s=3600, memory_min_keyframe_s=0, memory_caption_tokens=0,
@@ -288,7 +289,11 @@ async def test_memory_is_found_again_with_the_handle_after_a_clean_close_and_aft
         await client.recv_type("session.done")
         await client.ws.close()
         async with httpx.AsyncClient(base_url=server.http_url, headers={"x-api-key": "key-a"}) as http:
-            await _moments(http, first_id, 2)
+            listed = await _moments(http, first_id, 2)
+        async with httpx.AsyncClient(base_url=server.http_url, headers={"x-api-key": "key-b"}) as http:
+            # another key's session: its moments are not listed nor served (as if it did not exist)
+            assert (await http.get(f"/v1/sessions/{first_id}/moments")).status_code == 404
+            assert (await http.get(f"/v1/sessions/{first_id}/moments/{listed[0]['moment_id']}.jpg")).status_code == 404
 
         client, again = await open_session(server, resume_token=ready["resume_token"])
         assert again["memory_id"] == first_id and again["session_id"] != first_id and not again["resumed"]

@@ -433,3 +433,21 @@ async def test_concurrent_takes_of_one_handle_resume_once(open_memory: OpenMemor
         await first.keep_handle(f"h{i}", "s", "key", T0)
         taken = await asyncio.gather(*(store.take_handle(f"h{i}", "key") for store in (first, second) * 2))
         assert sorted(taken, key=str) == [None, None, None, "s"]
+
+
+async def test_the_first_claim_owns_a_session_until_it_is_cleared_or_swept(open_memory: OpenMemory) -> None:
+    """claim records the session's owner once (a second claim changes nothing); clear forgets it;
+    sweep forgets an old claim only once the session holds nothing."""
+    store = await open_memory(MemoryLimits(max_age_s=10, max_session_bytes=10**9, max_bytes=10**9))
+    assert await store.owner("s") is None
+    await store.claim("s", "alice", T0)
+    await store.claim("s", "mallory", T0 + 1)
+    assert await store.owner("s") == "alice"
+    await store.add_moment("s", T0 + 20_000, jpeg("kept"))
+    await store.claim("idle", "bob", T0)
+    await store.sweep(T0 + 30_000)
+    assert await store.owner("s") == "alice" and await store.owner("idle") is None
+    await store.clear("s")
+    assert await store.owner("s") is None
+    with pytest.raises(ValueError):
+        await store.claim("s", "x" * 10_000, T0)

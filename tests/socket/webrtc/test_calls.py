@@ -22,7 +22,8 @@ def _base(server: RunningServer) -> str:
 async def test_a_call_answers_on_its_data_channel_over_its_sampled_camera(server: RunningServer) -> None:
     """An offer with a 15 fps camera and the oai-events channel is answered (201, Location);
     session.created comes on the channel; the camera is sampled at camera_fps into frames the
-    model sees; a question gets a response; hangup ends the call."""
+    model sees (each said by a livesight.camera.frame event, not a conversation item: media, as
+    the microphone is); a question gets a response; hangup ends the call."""
     camera = PictureTrack(lambda n: np.full((240, 320, 3), (n * 7) % 255, np.uint8), fps=15)
     peer = Peer(camera=camera)
     try:
@@ -33,8 +34,8 @@ async def test_a_call_answers_on_its_data_channel_over_its_sampled_camera(server
         created = await peer.next("session.created")
         assert created["type"] == "session.created", created
         assert created["session"]["livesight"]["camera_fps"] == 2
-        frames = [await peer.next("conversation.item.added") for _ in range(3)]
-        assert all(f["item"]["content"][0]["type"] == "input_image" for f in frames)
+        frames = [await peer.next("livesight.camera.frame") for _ in range(3)]
+        assert [f["frame_id"] for f in frames] == ["camera_1", "camera_2", "camera_3"]
         assert camera.count >= 3 * len(frames)  # sent at 15 fps, kept at 2 (the first at once)
         peer.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "what do you see?"}]}})
@@ -63,7 +64,7 @@ async def test_a_spoken_question_on_the_microphone_is_answered_aloud_on_the_call
             "output_modalities": ["audio"], "max_output_tokens": 8,
             "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
         await peer.next("session.updated")
-        await peer.next("conversation.item.added")  # a frame: the answer has something to see
+        await peer.next("livesight.camera.frame")  # a frame: the answer has something to see
         clip = speak_clip("what is on the table", noise=30, seed=1)
         microphone.say(resample(Pcm(clip.pcm16, 16_000), 48_000).samples)
         seen = []

@@ -47,10 +47,10 @@ async def test_a_red_watch_fires_on_the_camera_track_within_two_sampled_frames(d
         added: list[str] = []
         fires: list[int] = []  # how many frames had been added when each fire started
         while len(added) < FIRST_RED + 8:
-            event = await peer.next("conversation.item.added", "response.created", timeout_s=60)
+            event = await peer.next("livesight.camera.frame", "response.created", timeout_s=60)
             assert event["type"] != "error", event
-            if event["type"] == "conversation.item.added" and event["item"]["id"].startswith("camera_"):
-                added.append(event["item"]["id"])
+            if event["type"] == "livesight.camera.frame":
+                added.append(event["frame_id"])
             elif event["type"] == "response.created":
                 assert event["response"]["metadata"] == {"livesight_trigger": "watch", "watch_id": "red"}
                 fires.append(len(added))
