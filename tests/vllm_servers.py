@@ -111,6 +111,7 @@ class VllmServer:
                 self.proc = subprocess.Popen(
                     vllm_server_command(self.model_dir, self.port, self.extra), stdout=log, stderr=subprocess.STDOUT,
                     # dev mode: POST /reset_prefix_cache and /reset_mm_cache empty its caches (``forget``)
+                    # (the run's environment: VLLM_ENABLE_V1_MULTIPROCESSING=0, tests/conftest.py)
                     env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}, start_new_session=True,
                 )
 
