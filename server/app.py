@@ -232,7 +232,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "memory": memory_summary(app.state.memory, metrics.memory_totals),
                 "webrtc": {"calls": len(app.state.calls.calls), "connecting": app.state.calls.connecting,
                            "started": app.state.calls.started, "abandoned": app.state.calls.abandoned,
-                           "client_secrets": len(access.client_secrets)},
+                           "client_secrets": len(access.client_secrets),
+                           "camera_frames": app.state.calls.camera_frames()},
                 "engine": app.state.engine.stats(),
                 "kv_cache_tokens": app.state.engine.kv_cache_tokens(),
             }

@@ -275,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     p_memory.add_argument("--speed", type=float, default=50.0,
                           help="frames paced this many times faster than real time (keyframe settings divided by it)")
 
+    p_webrtc = bench_sub.add_parser("webrtc", help="WebRTC calls with 30 fps camera tracks against the same sessions "
+                                    "over the WebSocket: server CPU per session, frame age, time to first audio")
+    p_webrtc.add_argument("--sessions", type=int, default=20, help="calls (then WebSocket sessions)")
+    p_webrtc.add_argument("--seconds", type=float, default=30.0, help="how long each transport streams")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -353,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory() as folder:
                 run_long(args.engine, args.model, args.minutes, args.fps, args.ask_every_s, args.max_frames, Path(folder))
+        elif args.bench == "webrtc":
+            from server.bench.webrtc import bench_webrtc
+
+            bench_webrtc(args.sessions, args.seconds)
         elif args.bench == "memory":
             from server.bench.memory import bench_memory
 

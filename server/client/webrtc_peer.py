@@ -128,7 +128,9 @@ class Peer:
         else:
             self.pc.addTransceiver("audio", direction="recvonly")
         if self.camera is not None:
-            self.pc.addTrack(self.camera)
+            sender = self.pc.addTrack(self.camera)
+            if hasattr(self.camera, "sender"):
+                self.camera.sender = sender  # a track of encoded packets answers keyframe requests itself
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sent = dict(headers or {})
         if key:

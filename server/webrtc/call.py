@@ -24,6 +24,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from handlers.core import events as ev
 from handlers.realtime import RealtimeCodec
 from handlers.session.transport import Decoded, Disconnected
+from server.webrtc.keyframes import KeyframeGate
 from server.webrtc.media import Sampler, Speaker, camera, microphone
 
 log = logging.getLogger("livesight.webrtc")
@@ -182,6 +183,7 @@ class Call:
         self.limits = limits
         self.tracks: list[MediaStreamTrack] = []
         self.sampler = Sampler(2.0)
+        self.gate: KeyframeGate | None = None
         self.connected = False
         pc.on("datachannel", transport.attach)
         pc.on("track", self.tracks.append)
@@ -219,7 +221,23 @@ class Call:
                 self.transport.end(None)
                 await self.pc.close()
 
+    def _gate(self, track: MediaStreamTrack) -> KeyframeGate | None:
+        """Put a ``KeyframeGate`` before the decoder of ``track``'s receiver (None: not found)."""
+        receiver = next((t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track), None)
+        if receiver is None or not hasattr(receiver, "_RTCRtpReceiver__decoder_queue"):
+            return None
+
+        async def request() -> None:
+            for source in receiver.getSynchronizationSources():  # the media's, and its retransmissions'
+                await receiver._send_rtcp_pli(source.source)
+
+        gate = KeyframeGate(receiver._RTCRtpReceiver__decoder_queue, self.sampler, request)
+        receiver._RTCRtpReceiver__decoder_queue = gate
+        return gate
+
     async def _camera(self, track: MediaStreamTrack) -> None:
+        self.gate = self._gate(track)
+
         async def deliver(events: list[Any]) -> None:
             self.sampler.fps = self.codec.camera_fps  # the session may change it
             await self.transport.deliver(events)

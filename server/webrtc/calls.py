@@ -81,6 +81,16 @@ class Calls:
         self.tg: TaskGroup | None = None  # the server's, set while it serves
         self.started = 0
         self.abandoned = 0
+        self._ended_frames = {"decoded": 0, "not_decoded": 0, "keyframe_requests": 0}
+
+    def camera_frames(self) -> dict[str, int]:
+        """Camera frames of every call so far: sent to the decoder, never decoded, and the
+        keyframes asked of the senders (``keyframes.KeyframeGate``)."""
+        totals = dict(self._ended_frames)
+        for call in self.calls.values():
+            for name, value in _gate_counts(call).items():
+                totals[name] += value
+        return totals
 
     @property
     def connecting(self) -> int:
@@ -124,6 +134,8 @@ class Calls:
         finally:
             self.abandoned += not call.connected
             self.calls.pop(call.call_id, None)
+            for name, value in _gate_counts(call).items():
+                self._ended_frames[name] += value
 
     def hang_up(self, call_id: str) -> bool:
         call = self.calls.get(call_id)
@@ -131,6 +143,13 @@ class Calls:
             return False
         call.hang_up()
         return True
+
+
+def _gate_counts(call: Call) -> dict[str, int]:
+    gate = call.gate
+    if gate is None:
+        return {}
+    return {"decoded": gate.passed, "not_decoded": gate.skipped, "keyframe_requests": gate.requests}
 
 
 def _session_field(raw: Any) -> dict[str, Any] | None:

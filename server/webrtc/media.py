@@ -6,7 +6,7 @@
   RTP times; only a sampled frame is scaled (to at most ``max_side``) and encoded as JPEG,
   off the event loop.
 - ``Speaker``: the session's spoken answers as an outgoing audio track, paced at 20 ms a
-  frame, silence between answers, at most ``max_bytes`` of audio waiting.
+  frame, nothing sent between answers, at most ``max_bytes`` of audio waiting.
 
 Each pump hands the core its inputs through ``deliver`` and ends when the track does.
 """
@@ -62,17 +62,30 @@ async def microphone(track: MediaStreamTrack, deliver: Deliver) -> None:
 
 
 class Sampler:
-    """Which frames of a track to keep: one per ``1 / fps`` of the frames' own (RTP) time."""
+    """Which frames of a track to keep: one per ``1 / fps`` of the frames' own (RTP) time.
+    ``gated``: the frames were chosen before they were decoded (``keyframes.KeyframeGate``),
+    so the pump keeps every one it gets."""
 
     def __init__(self, fps: float) -> None:
         self.fps = fps
         self._next: float | None = None
         self.seen = 0
         self.kept = 0
+        self.gated = False
+
+    def due(self, at_s: float) -> bool:
+        return self._next is None or at_s >= self._next
+
+    def take(self, at_s: float) -> bool:
+        """The pump's choice for a decoded frame."""
+        if self.gated:
+            self.seen += 1
+            return True
+        return self.keep(at_s)
 
     def keep(self, at_s: float) -> bool:
         self.seen += 1
-        if self._next is not None and at_s < self._next:
+        if not self.due(at_s):
             return False
         step = 1.0 / self.fps
         # after a gap, sample from now (never a burst to catch up)
@@ -92,6 +105,7 @@ def frame_jpeg(frame: AvVideoFrame, max_side: int) -> bytes:
 async def camera(track: MediaStreamTrack, sampler: Sampler, max_side: int, deliver: Deliver) -> None:
     """The peer's camera, sampled, until the track ends. A frame's ``pts_ms`` is its RTP time."""
     first: float | None = None
+    delivered = 0
     while True:
         try:
             frame = await track.recv()
@@ -99,11 +113,12 @@ async def camera(track: MediaStreamTrack, sampler: Sampler, max_side: int, deliv
             return
         at_s = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else time.monotonic()
         first = at_s if first is None else first
-        if not sampler.keep(at_s):
+        if not sampler.take(at_s):
             continue
         jpeg = await blocking.run_blocking(frame_jpeg, frame, max_side)
+        delivered += 1
         data = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
-        await deliver([VideoFrame(type="video.frame", data=data, frame_id=f"camera_{sampler.kept}",
+        await deliver([VideoFrame(type="video.frame", data=data, frame_id=f"camera_{delivered}",
                                   pts_ms=round((at_s - first) * 1000, 3), capture_ts_ms=time.time() * 1000)])
 
 
@@ -120,6 +135,7 @@ class Speaker(MediaStreamTrack):
         self._sent = 0
         self.dropped_bytes = 0
         self.playing = False
+        self._waiting = asyncio.Event()  # set when audio is queued
 
     def play(self, wav_base64: str) -> None:
         """Queue an answer's audio delta (a WAV file, base64); past ``max_bytes`` it is dropped."""
@@ -129,6 +145,8 @@ class Speaker(MediaStreamTrack):
             self.dropped_bytes += len(pcm) - max(0, room)
             pcm = pcm[: max(0, room) // 2 * 2]
         self._pcm += pcm
+        if self._pcm:
+            self._waiting.set()
 
     def clear(self) -> None:
         """Stop what is playing (an answer was interrupted)."""
@@ -139,16 +157,22 @@ class Speaker(MediaStreamTrack):
         return len(self._pcm) / 2 / SPEAKER_RATE * 1000
 
     async def recv(self) -> AudioFrame:
+        """The next 20 ms of the answers' audio, paced; while there is none it waits (nothing
+        is sent between answers: no Opus encoding, no packets), and the frame after a pause
+        carries the time that passed (RTP timestamps follow the wall clock)."""
         if self.readyState != "live":
             raise MediaStreamError
+        if not self._pcm:
+            self._waiting = asyncio.Event()
+            await self._waiting.wait()
         now = time.monotonic()
         if self._start is None:
             self._start = now
         due = self._start + self._sent / SPEAKER_RATE
         if due > now:
             await asyncio.sleep(due - now)
-        elif now - due > 0.2:  # the loop fell behind: resume from now rather than burst
-            self._start, self._sent = now, 0
+        elif now - due > 0.2:  # after a pause (or a stall): resume from now rather than burst
+            self._sent = int((now - self._start) * SPEAKER_RATE) // SPEAKER_FRAME * SPEAKER_FRAME
         size = SPEAKER_FRAME * 2
         chunk = bytes(self._pcm[:size])
         del self._pcm[:size]

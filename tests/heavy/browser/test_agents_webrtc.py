@@ -189,6 +189,10 @@ def test_the_agents_sdk_calls_over_webrtc_with_an_ephemeral_key_and_a_camera(
             wait_for(lambda: page.evaluate("window.audioIn()")["energy"] > 0.005 or page.evaluate("window.heard") >= 5,
                      30, "the answer's sound on the call's track")
             assert "response.output_audio.delta" not in kinds()  # sound comes on the track, not the channel
+            # Chromium answered the keyframe requests: the frames between the kept ones were never decoded
+            frames = httpx.get(f"{server.http_url}/metrics.json", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+            frames = frames["webrtc"]["camera_frames"]
+            assert frames["keyframe_requests"] > 0 and frames["not_decoded"] > frames["decoded"] > 3, frames
             assert not errors, errors
         finally:
             browser.close()

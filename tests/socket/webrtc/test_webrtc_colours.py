@@ -35,7 +35,8 @@ def demo_server(colours_models: ShippedModels) -> Iterator[RunningServer]:
 
 async def test_a_red_watch_fires_on_the_camera_track_within_two_sampled_frames(demo_server: RunningServer) -> None:
     """Frames are sampled in order (camera_1 at 0 s); one fire, after the first red sampled
-    frame and at most two sampled frames later; none on the grey before it."""
+    frame and at most two sampled frames later; none on the grey before it. Only the frames
+    kept were decoded (a keyframe asked of the peer for each)."""
     scene = ColourScene(np.random.default_rng(3), (320, 240))
     pictures = [scene.frame("red" if n in RED else "grey", n, None).pixels for n in range(12 * FPS)]
     camera = PictureTrack(lambda n: pictures[min(n, len(pictures) - 1)], fps=FPS)
@@ -56,5 +57,11 @@ async def test_a_red_watch_fires_on_the_camera_track_within_two_sampled_frames(d
                 fires.append(len(added))
         assert added[:FIRST_RED] == [f"camera_{k}" for k in range(1, FIRST_RED + 1)], added
         assert len(fires) == 1 and FIRST_RED <= fires[0] <= FIRST_RED + WITHIN, (fires, added)
+        # only the kept frames were decoded: a keyframe asked of the sender for each
+        import httpx
+
+        frames = httpx.get(f"http://{demo_server.host}:{demo_server.port}/metrics.json").json()["webrtc"]["camera_frames"]
+        assert frames["decoded"] >= len(added) and frames["not_decoded"] > 2 * frames["decoded"], frames
+        assert frames["keyframe_requests"] >= len(added) // 2, frames  # some kept frames were keyframes unasked
     finally:
         await peer.close()
