@@ -36,7 +36,7 @@ from server.background import ServedProcess, serve_process
 from server.bench.footage import sample_clip
 from server.bench.process import process_cpu_s
 from server.client.connection import Connection
-from server.client.webrtc_peer import VIDEO_CLOCK, Peer, SpeechTrack
+from server.client.webrtc_peer import VIDEO_CLOCK, Pacer, Peer, SpeechTrack
 from handlers.wire.server_events import ResponseAudioDelta
 
 FPS = 30
@@ -96,16 +96,12 @@ class PacketTrack(MediaStreamTrack):
         self.keyframes_sent = 0
         self.count = 0
         self.sent_at: dict[int, float] = {}
-        self._start: float | None = None
+        self._pacer = Pacer()
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        self._start = now if self._start is None else self._start
-        due = self._start + self.count / FPS
-        if due > now:
-            await asyncio.sleep(due - now)
+        await self._pacer.wait(self.count / FPS)
         index = self.count % len(self.packets)
         data = self.packets[index]
         if self.sender is not None and getattr(self.sender, "_RTCRtpSender__force_keyframe", False):

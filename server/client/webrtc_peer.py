@@ -22,6 +22,20 @@ AUDIO_RATE = 48_000
 AUDIO_FRAME = 960
 
 
+class Pacer:
+    """Real time for a track that makes its own media: ``await wait(t)`` returns when ``t``
+    seconds have passed since the first call (at once when that time is past)."""
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+
+    async def wait(self, at_s: float) -> None:
+        now = time.monotonic()
+        self._start = now if self._start is None else self._start
+        if self._start + at_s > now:
+            await asyncio.sleep(self._start + at_s - now)
+
+
 class PictureTrack(MediaStreamTrack):
     """A camera: ``picture(n)`` (H x W x 3 RGB) for its ``n``-th frame, at ``fps``; each
     frame's send time is kept by its number (``sent_at``)."""
@@ -33,16 +47,12 @@ class PictureTrack(MediaStreamTrack):
         self.picture, self.fps = picture, fps
         self.count = 0
         self.sent_at: dict[int, float] = {}
-        self._start: float | None = None
+        self._pacer = Pacer()
 
     async def recv(self) -> VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        self._start = now if self._start is None else self._start
-        due = self._start + self.count / self.fps
-        if due > now:
-            await asyncio.sleep(due - now)
+        await self._pacer.wait(self.count / self.fps)
         frame = VideoFrame.from_ndarray(self.picture(self.count), format="rgb24")
         frame.pts = int(self.count * VIDEO_CLOCK / self.fps)
         frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
@@ -60,7 +70,7 @@ class SpeechTrack(MediaStreamTrack):
         super().__init__()
         self._pcm = bytearray()
         self._sent = 0
-        self._start: float | None = None
+        self._pacer = Pacer()
 
     def say(self, pcm16_48k: bytes) -> None:
         self._pcm += pcm16_48k
@@ -72,11 +82,7 @@ class SpeechTrack(MediaStreamTrack):
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        self._start = now if self._start is None else self._start
-        due = self._start + self._sent / AUDIO_RATE
-        if due > now:
-            await asyncio.sleep(due - now)
+        await self._pacer.wait(self._sent / AUDIO_RATE)
         chunk = bytes(self._pcm[: AUDIO_FRAME * 2]).ljust(AUDIO_FRAME * 2, b"\0")
         del self._pcm[: AUDIO_FRAME * 2]
         frame = AudioFrame(format="s16", layout="mono", samples=AUDIO_FRAME)

@@ -164,7 +164,7 @@ def _session_field(raw: Any) -> dict[str, Any] | None:
     return session
 
 
-def checked_session(session: dict[str, Any] | None) -> dict[str, Any] | None:
+def realtime_session(session: dict[str, Any] | None) -> dict[str, Any] | None:
     """A Realtime session config, checked whole (raises ``OfferError``)."""
     if session is None:
         return None
@@ -193,7 +193,7 @@ async def read_offer(request: Request) -> tuple[str, dict[str, Any] | None]:
         session_raw = session if isinstance(session, str) or session is None else await session.read(MAX_OFFER_BYTES)
         if not text:
             raise OfferError("the multipart offer has no sdp field")
-        return text, checked_session(_session_field(session_raw))
+        return text, realtime_session(_session_field(session_raw))
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
@@ -295,7 +295,7 @@ def add_call_routes(app: FastAPI, calls: Calls, access: AccessPolicy, draining: 
             data = json.loads(body or b"{}")
             if not isinstance(data, dict):
                 raise ClientSecretError("the body must be a JSON object")
-            session = checked_session(_session_field(data.get("session")))
+            session = realtime_session(_session_field(data.get("session")))
             secret = access.client_secrets.mint({**data, "session": session}, access.owner(request.headers, request.query_params))
         except (ValueError, OfferError) as exc:
             return _error(400, "invalid_request", str(exc))
