@@ -99,7 +99,6 @@ class Answer:
     asked_by: Origin | None = None  # the client event that asked for it: its errors name that event
     # the prompt
     used: list[Frame] = field(default_factory=list)  # the frames its prompt holds
-    asked_as: str | None = None  # its question as the prompt put it (with what left the window)
     origin: Frame | None = None  # the session's first frame: the prompt's times count from it
     prompted: bool = False
     # asked of the session

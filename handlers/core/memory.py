@@ -98,15 +98,17 @@ class Earlier:
 
     def render(self, before_ms: float, origin_ms: float, budget_chars: int) -> str | None:
         """The captions of the moments that started before ``before_ms`` (the window's first
-        frame), each with its span in seconds since ``origin_ms`` (the session's first frame),
+        frame), each with its span in seconds since ``origin_ms`` (the session's first frame; the
+        newest is open-ended, so the text stays the same while frames leave within a moment),
         the newest that fit in ``budget_chars``; None when there are none."""
         captions = sorted(c for c in self._captions if c[0] < before_ms)
-        spans = [(start, captions[n + 1][0] if n + 1 < len(captions) else before_ms, text)
+        spans = [(start, captions[n + 1][0] if n + 1 < len(captions) else None, text)
                  for n, (start, text) in enumerate(captions)]
         lines: list[str] = []
         used = 0
         for start, end, text in reversed(spans):
-            line = f"[{max(0.0, (start - origin_ms) / 1000):.1f}s-{max(0.0, (end - origin_ms) / 1000):.1f}s] {text}"
+            until = "" if end is None else f"{max(0.0, (end - origin_ms) / 1000):.1f}s"
+            line = f"[{max(0.0, (start - origin_ms) / 1000):.1f}s-{until}] {text}"
             if used + len(line) + 1 > budget_chars:
                 break
             lines.append(line)

@@ -88,21 +88,35 @@ def render_timeline(
     timestamps: bool,
     audio: AudioSegment | None = None,
     question: str | None = None,
+    earlier: str | None = None,
 ) -> Prompt:
-    """Return the prompt; without ``question`` it is an open warm prefix.
+    """Return the prompt; without ``question`` it is an open warm prefix. ``earlier`` (what left
+    the window, as text) opens the first user turn after the text history: before every frame,
+    so a prefix that moves (``kv_shift``) computes it again only when it changes.
 
     Frames must be decoded (``frame.image`` set); raises ``ValueError`` otherwise.
     """
-    out = [ChatTurn("system", (TextSegment(system_prompt or DEFAULT_SYSTEM_PROMPT),))]
+    head = [ChatTurn("system", (TextSegment(system_prompt or DEFAULT_SYSTEM_PROMPT),))]
     for past in history:
-        out.append(ChatTurn("user", (TextSegment(past.question),)))
-        out.append(ChatTurn("assistant", (TextSegment(past.answer),)))
+        head.append(ChatTurn("user", (TextSegment(past.question),)))
+        head.append(ChatTurn("assistant", (TextSegment(past.answer),)))
+    out: list[ChatTurn] = []
     for turn in turns:
         out += _turn_messages(turn, _frame_segments(turn.frames, origin, timestamps))
     segments = _frame_segments(open_frames, origin, timestamps)
-    if question is None:
-        return Prompt(tuple(out) + (ChatTurn("user", tuple(segments)),), open_turn=True)
-    return Prompt(tuple(out) + (_user_turn(segments, audio, question),))
+    out.append(ChatTurn("user", tuple(segments)) if question is None else _user_turn(segments, audio, question))
+    if earlier:
+        out = _opened_with(out, earlier)
+    return Prompt(tuple(head + out), open_turn=question is None)
+
+
+def _opened_with(turns: list[ChatTurn], text: str) -> list[ChatTurn]:
+    """``turns`` with ``text`` at the start of the first (a user turn of its own if that one
+    is not the user's)."""
+    first = turns[0]
+    if first.role != "user":
+        return [ChatTurn("user", (TextSegment(text),)), *turns]
+    return [ChatTurn("user", (TextSegment(text + "\n"), *first.segments)), *turns[1:]]
 
 
 def build_prompt(

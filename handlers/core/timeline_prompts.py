@@ -44,16 +44,13 @@ class TimelinePrompts:
         usable = [f for f in answer.frames if f.image is not None]
         timeline.admit(usable, newest=usable[-1] if usable else None)
         answer.used = timeline.frames
-        question = answer.question
-        earlier = self._earlier_text()
-        if earlier is not None:
-            question = answer.asked_as = f"{earlier}\n\n{question}" if question else earlier
-        return replace(self._render(question, answer.audio, answer.instructions), spoken=answer.spoken)
+        return replace(self._render(answer.question, answer.audio, answer.instructions), spoken=answer.spoken)
 
-    def _earlier_text(self) -> str | None:
-        """What left the window, as the captions of its moments (in the question's turn, so
-        the warm prefix never changes for it)."""
-        frames, origin = self.timeline.frames, self.origin
+    def _earlier_text(self, timeline: Timeline) -> str | None:
+        """What left ``timeline``'s window, as the captions of its moments. It opens the
+        timeline's first turn, in the warm prefix: it changes only when a moment leaves, and
+        questions and checks find it cached."""
+        frames, origin = timeline.frames, self.origin
         if not self.earlier_chars or not frames or origin is None:
             return None
         return self.earlier.render(frames[0].receive_ts_ms, origin.receive_ts_ms, self.earlier_chars)
@@ -85,6 +82,7 @@ class TimelinePrompts:
             timestamps=self.config.frame_timestamps,
             audio=audio,
             question=question,
+            earlier=self._earlier_text(timeline),
         )
 
     def _release(self, answer: Answer) -> None:
@@ -107,8 +105,7 @@ class TimelinePrompts:
             heard = heard_text(reply, answer.heard_ms)
             cut = tuple(p for p in pieces if p[0] <= answer.heard_ms)
             reply = Message("assistant", heard, (answer.item_id,), (*cut, (float(answer.heard_ms), "")))
-        # as the prompt put it, so the next prompt renders the same words (the engine's cache holds them)
-        question = Message("user", answer.asked_as or answer.question, tuple(answer.input_ids))
+        question = Message("user", answer.question, tuple(answer.input_ids))
         if answer.context is not None:
             self.close_open_turn([] if answer.deleted else [reply])
         else:

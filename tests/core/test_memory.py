@@ -184,29 +184,34 @@ def test_each_moment_is_captioned_on_the_warm_prefix_after_the_sessions_own_work
     assert run.newest(Caption).step.at_ms == step.at_ms  # then the caption again
 
 
-def test_a_question_carries_the_captions_of_what_left_the_window_and_the_timeline_keeps_its_words() -> None:
+def test_the_captions_of_what_left_the_window_open_the_warm_prefix_and_change_once_per_moment() -> None:
     """Captions of moments that started before the window's first frame go, newest that fit the
-    budget, into the question's turn (not the warm prefix); the next prompt renders that
-    question as it was asked, so the engine's cache still holds it."""
+    budget, at the start of the timeline, before every frame: in the warm prefix, so a question
+    finds them cached. The newest is open-ended, so frames leaving within a moment do not
+    change the text."""
     from handlers.core.memory import Earlier
 
     earlier = Earlier()
     for start, caption in [(1_000.0, "a red  screen"), (11_000.0, "a blue screen"), (21_000.0, "in the window")]:
         earlier.add(start, caption)
     assert earlier.render(21_000.0, 1_000.0, 400) == (
-        "Earlier, before these frames:\n[0.0s-10.0s] a red screen\n[10.0s-20.0s] a blue screen")
-    assert earlier.render(21_000.0, 1_000.0, 30) == "Earlier, before these frames:\n[10.0s-20.0s] a blue screen"
+        "Earlier, before these frames:\n[0.0s-10.0s] a red screen\n[10.0s-] a blue screen")
+    assert earlier.render(25_000.0, 1_000.0, 400) == (
+        "Earlier, before these frames:\n[0.0s-10.0s] a red screen\n[10.0s-20.0s] a blue screen\n[20.0s-] in the window")
+    assert earlier.render(21_000.0, 1_000.0, 30) == "Earlier, before these frames:\n[10.0s-] a blue screen"
     assert earlier.render(1_000.0, 1_000.0, 400) is None
     core = machine(memory_policy=CAPTIONED, max_frames=2)
     run = run_core([frame(1, 1), Warm()], core)
     run = run_core([Captioned(run.newest(Caption).step, "a red screen"), At(101.0), frame(9, 2), At(102.0),
-                    frame(17, 3), At(103.0), frame(25, 4)], core)
-    steps = [e.step for e in run.effects if isinstance(e, Prefill)]
-    assert steps and all("Earlier" not in _text(s.prompt) for s in steps)  # never in the warm prefix
+                    frame(17, 3), At(103.0), frame(25, 4), Warm()], core)
+    warm = [e.step.prompt for e in run.effects if isinstance(e, Prefill)][-1]
+    opening = next(t for t in warm.turns if t.role == "user").segments[0]
+    assert isinstance(opening, TextSegment)
+    assert opening.text == "Earlier, before these frames:\n[0.0s-] a red screen\n"  # before every frame
     run = run_core([*ask("what was before?")], core)
     while not any(isinstance(e, StartAnswer) for e in run.effects):
         run = run_core([Warm()], core)
-    prompt = run.newest(StartAnswer).prompt
-    assert "Earlier, before these frames:\n[0.0s-2.0s] a red screen\n\nwhat was before?" in _text(prompt)
+    prompt = _text(run.newest(StartAnswer).prompt)
+    assert prompt.startswith(_text(warm)) and prompt.endswith("what was before?")  # the question adds to it
     run_core([Reply("red")], core)
-    assert "] a red screen\n\nwhat was before?" in _text(core.state.warm_prompt())
+    assert _text(core.state.warm_prompt()).startswith(prompt)
