@@ -9,8 +9,11 @@ STAMP := $(VENV)/.installed
 
 # Debian packages the test suite drives (a real Chromium for the browser test, docker-compose
 # for the compose files' checks, HAProxy for the routing tests, a PostgreSQL server started per
-# run for the memory store's tests: tests/postgres_server.py).
-APT_PACKAGES := chromium docker-compose haproxy postgresql
+# run for the memory store's tests: tests/postgres_server.py; GStreamer's RTSP server, run by
+# the system Python, as the stream tests' camera: tests/rtsp_camera.py).
+APT_PACKAGES := chromium docker-compose haproxy postgresql \
+	python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
+	gstreamer1.0-plugins-bad
 
 # `python3 -m venv` needs ensurepip, which Debian and Ubuntu package apart (python3.X-venv).
 VENV_PACKAGE = $(shell $(PY) -c 'import sys; print("python3.%d-venv" % sys.version_info[1])' 2>/dev/null || echo python3-venv)

@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -35,6 +36,10 @@ from handlers.session.adapter import Session
 from handlers.session.transport import Disconnected, Prefaced, Transport
 from server.auth import AccessPolicy, warn_if_open
 from server.client_secrets import ClientSecrets
+from server.streams.delivery import DeliveryLimits, Sender
+from server.streams.outbox import Outbox
+from server.streams.registry import Streams, add_stream_routes, load_streams_file
+from server.streams.stream import StreamLimits
 from server.webrtc.calls import Calls, add_call_routes
 from server.drain import drain_sessions
 from server.engines.factory import create_engine
@@ -145,11 +150,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_memory(settings) as remembered:
-            app.state.memory = remembered
-            app.state.memory_policy = memory_policy(settings) if remembered is not None else None
-            async with _serving(app):
-                yield
+        await outbox.open()
+        try:
+            async with open_memory(settings) as remembered:
+                app.state.memory = remembered
+                app.state.memory_policy = memory_policy(settings) if remembered is not None else None
+                async with _serving(app):
+                    yield
+        finally:
+            await outbox.close()
 
     @asynccontextmanager
     async def _serving(app: FastAPI) -> AsyncIterator[None]:
@@ -173,13 +182,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 if settings.resume_grace_s > 0:
                     tg.start_soon(sweep_parked)
                 tg.start_soon(metrics.watch_event_loop)
-                calls.tg = tg
+                calls.tg = streams.tg = tg
+                tg.start_soon(sender.run)
+                for stream_settings in given_streams:
+                    streams.create(stream_settings, "")
                 if app.state.memory is not None:
                     tg.start_soon(app.state.memory.writer.run)
                     tg.start_soon(sweep_memory, app.state.memory, settings.memory_max_age_s)
                 yield
                 for call in list(calls.calls.values()):
                     call.hang_up()
+                streams.stop_all()
                 tg.cancel_scope.cancel()
         finally:
             await parking.clear()
@@ -234,6 +247,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                            "started": app.state.calls.started, "abandoned": app.state.calls.abandoned,
                            "client_secrets": len(access.client_secrets),
                            "camera_frames": app.state.calls.camera_frames()},
+                "streams": {"streams": len(streams.streams),
+                            "states": dict(Counter(s.state for s in streams.streams.values())),
+                            "delivered": sender.delivered, "failed_tries": sender.failed_tries,
+                            "given_up": sender.given_up},
                 "engine": app.state.engine.stats(),
                 "kv_cache_tokens": app.state.engine.kv_cache_tokens(),
             }
@@ -313,6 +330,20 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     calls = Calls(settings, access, admission, serve_call)
     app.state.calls = calls
     add_call_routes(app, calls, access, lambda: app.state.draining)
+
+    async def serve_stream(transport: Transport, codec: WireCodec, owner: str) -> None:
+        await run_session(new_session(transport, codec, "stream", owner))
+
+    given_streams = load_streams_file(settings.streams) if settings.streams is not None else []
+    outbox = Outbox(settings.data_dir / "streams.sqlite3", settings.stream_max_events)
+    sender = Sender(outbox, DeliveryLimits(settings.webhook_timeout_s, settings.webhook_max_age_s, 1.0,
+                                           settings.webhook_max_retry_s, settings.webhook_concurrency))
+    stream_limits = StreamLimits(settings.stream_max_pending_frames, settings.stream_frame_side,
+                                 settings.stream_open_timeout_s, settings.stream_read_timeout_s, 1.0,
+                                 settings.stream_retry_max_s, settings.stream_max_lookback_s)
+    streams = Streams(outbox, stream_limits, settings.max_streams, serve_stream, settings.max_message_bytes)
+    app.state.streams, app.state.sender = streams, sender
+    add_stream_routes(app, streams, access, lambda: app.state.draining)
 
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")

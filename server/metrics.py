@@ -76,7 +76,10 @@ class Metrics:
         self.watch_fires = Counter("livesight_watch_fires", "Watches fired (watch.fired sent)", registry=r)
         #: The same three counts, for /metrics.json.
         self.watch_totals = {"checks": 0, "skipped": 0, "fires": 0}
-        self.memory_totals = {"captions": 0, "captions_skipped": 0}
+        self.memory_totals: dict[str, float] = {
+            "captions": 0, "captions_skipped": 0,
+            "caption_tokens_computed": 0, "caption_tokens_generated": 0, "caption_seconds": 0.0,
+        }
         self.prompt_tokens = Counter("livesight_prompt_tokens", "Prompt tokens of answers (usage)", registry=r)
         self.cached_tokens = Counter(
             "livesight_cached_tokens", "Prompt tokens served from the engine's cache (usage)", registry=r
@@ -187,6 +190,12 @@ class SessionMetrics(SessionObserver):
     def captions(self, written: int, skipped: int) -> None:
         self.m.memory_totals["captions"] += written
         self.m.memory_totals["captions_skipped"] += skipped
+
+    def caption_work(self, computed: int, generated: int, seconds: float) -> None:
+        totals = self.m.memory_totals
+        totals["caption_tokens_computed"] += computed
+        totals["caption_tokens_generated"] += generated
+        totals["caption_seconds"] += seconds
 
 
 def _base64_size(data: str) -> int:

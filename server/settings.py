@@ -294,7 +294,7 @@ class Settings(BaseSettings):
     memory_caption_tokens: int = Field(12, ge=0, le=64, description="a moment's caption at most this long (0: no captions)")
     memory_context_chars: int = Field(
         400, ge=0, le=8000,
-        description="a question carries the captions of what left the window, at most this many characters (0: none)",
+        description="prompts open with the captions of what left the window, at most this many characters (0: none)",
     )
     memory_max_age_s: float = Field(7 * 86400.0, gt=0, description="moments and notes older than this are deleted")
     memory_max_session_bytes: int = Field(
@@ -334,6 +334,37 @@ class Settings(BaseSettings):
     max_client_secrets: int = Field(
         10_000, ge=1, le=1_000_000, description="ephemeral keys alive at once; past it the one closest to expiry goes"
     )
+
+    # Cameras the server pulls itself (POST /v1/streams).
+    streams: Path | None = Field(None, description="a file of streams to pull from the start (YAML or JSON)")
+    max_streams: int = Field(32, ge=0, le=1000, description="cameras the server pulls at a time")
+    stream_frame_side: int = Field(
+        640, ge=64, le=4096, description="a stream's sampled frame is scaled to at most this many pixels a side"
+    )
+    stream_max_pending_frames: int = Field(
+        8, ge=1, le=1000, description="a stream's sampled frames waiting for its session; more are shed"
+    )
+    stream_open_timeout_s: float = Field(10.0, gt=0, le=300, description="a source not open by then is tried again later")
+    stream_read_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="a source that sends nothing this long has stalled: it is reconnected"
+    )
+    stream_retry_max_s: float = Field(
+        30.0, ge=1, le=3600, description="the longest wait between reconnects (doubling from 1 s, with jitter)"
+    )
+    stream_max_lookback_s: float = Field(
+        30.0, ge=0, le=300, description="the most seconds of frames before a fire a stream keeps as its evidence"
+    )
+    stream_max_events: int = Field(
+        10_000, ge=1, le=10_000_000, description="events (fires, narrations) each stream keeps; the oldest go"
+    )
+    webhook_timeout_s: float = Field(10.0, gt=0, le=300, description="a webhook not answered by then is tried again")
+    webhook_max_age_s: float = Field(
+        86_400.0, gt=0, description="a delivery still failing this long after its event is given up"
+    )
+    webhook_max_retry_s: float = Field(
+        300.0, ge=1, le=86_400, description="the longest wait between a delivery's tries (doubling from 1 s, with jitter)"
+    )
+    webhook_concurrency: int = Field(8, ge=1, le=1000, description="deliveries in flight at once")
 
     # Access control (off when api_keys is empty).
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(

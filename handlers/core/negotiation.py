@@ -51,7 +51,7 @@ class MemoryPolicy:
     max_search_moments: int = 3600
     caption_prompt: str = "Describe what you see in a few words."
     caption_tokens: int = 12  # 0: no captions
-    context_chars: int = 400  # the captions of what left the window a question carries (0: none)
+    context_chars: int = 400  # the captions of what left the window that open its prompts (0: none)
 
 
 def _any_voice(voice: str) -> bool:

@@ -6,6 +6,7 @@ store and handed back as a job's result (``Executor`` inherits ``MemoryJobs``)."
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -36,8 +37,9 @@ from handlers.core.jobs import CaptionStep
 from handlers.core.machine import SessionMachine
 from handlers.media.keyframe import jpeg_size, keyframe_jpeg
 from handlers.wire.errors import ErrorCode, Origin, SessionError
+from handlers.session.observer import SessionObserver
 from server import blocking
-from server.engines.base import Engine, EngineError, Sampling, TextDelta
+from server.engines.base import Engine, EngineError, Finished, Sampling, TextDelta
 from server.memory.store import MemoryStore, Moment
 
 log = logging.getLogger("livesight.memory")
@@ -134,6 +136,7 @@ class MemoryJobs:
     engine: Engine
     _tg: TaskGroup
     _scopes: dict[int, anyio.CancelScope]
+    observer: SessionObserver
     result: Callable[[Result, Origin | None], Awaitable[None]]
 
     def _store(self) -> MemoryStore:
@@ -166,6 +169,7 @@ class MemoryJobs:
         session = self.core.session_id
         words: list[str] = []
         text: str | None = None
+        began = time.perf_counter()
         try:
             with scope:
                 stream = self.engine.generate(session, f"caption_{session[:8]}", step.prompt,
@@ -174,6 +178,10 @@ class MemoryJobs:
                     async for event in stream:
                         if isinstance(event, TextDelta):
                             words.append(event.text)
+                        elif isinstance(event, Finished):
+                            usage = event.usage
+                            self.observer.caption_work(usage.prompt_tokens - usage.cached_tokens,
+                                                       usage.completion_tokens, time.perf_counter() - began)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stream.aclose()

@@ -47,6 +47,10 @@ class SessionObserver:
         """Moments' captions: ``written`` by the engine, ``skipped`` (a newer moment came first,
         or the engine wrote nothing)."""
 
+    def caption_work(self, computed: int, generated: int, seconds: float) -> None:
+        """A caption's engine work: prompt tokens ``computed`` past the warm prefix, tokens
+        ``generated``, and ``seconds`` from its request to its last token."""
+
 
 class Observers(SessionObserver):
     """Several observers as one, called in order."""
@@ -85,3 +89,7 @@ class Observers(SessionObserver):
     def captions(self, written: int, skipped: int) -> None:
         for observer in self.observers:
             observer.captions(written, skipped)
+
+    def caption_work(self, computed: int, generated: int, seconds: float) -> None:
+        for observer in self.observers:
+            observer.caption_work(computed, generated, seconds)

@@ -84,3 +84,27 @@ def moving_frames(count: int, size: tuple[int, int] = FRAME_SIZE) -> list[str]:
         frame[100:220, x : x + 120] = (255 - 3 * i) % 255
         out.append(jpeg_b64(Image.fromarray(frame), 85))
     return out
+
+
+def write_colour_clip(path: Path, scenes: list[tuple[str, float]], fps: int = 10, size: tuple[int, int] = (320, 240),
+                      seed: int = 5, container: str | None = None) -> int:
+    """An H.264 clip of the colours model's screen (``scenes``: colour and seconds, in order),
+    one keyframe a second, written with PyAV: what the camera tests and ``bench cameras`` serve.
+    Returns the number of frames."""
+    import av
+
+    from server.models.colour_frames import ColourScene
+
+    scene = ColourScene(np.random.default_rng(seed), size)
+    count = 0
+    with av.open(str(path), "w", format=container) as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        stream.options = {"preset": "ultrafast", "tune": "zerolatency", "g": str(fps), "bf": "0"}
+        for colour, seconds in scenes:
+            for _ in range(round(seconds * fps)):
+                rgb = np.ascontiguousarray(scene.frame(colour, count, None).pixels)
+                out.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+                count += 1
+        out.mux(stream.encode(None))
+    return count

@@ -107,6 +107,8 @@ class Session:
     errors: list[str] = field(default_factory=list)
     engine_before: dict = field(default_factory=dict)
     engine_after: dict = field(default_factory=dict)
+    memory_before: dict = field(default_factory=dict)  # /metrics.json memory (empty: memory off)
+    memory_after: dict = field(default_factory=dict)
     seconds: float = 0.0
 
     # -------------------------------------------------------------- figures
@@ -158,6 +160,18 @@ class Session:
         false = [f for f in self.fired if self.colours[f] != WATCHED]
         return on_time, late, missed, false
 
+    def caption_line(self) -> str:
+        """What the moments' captions cost (the server's ``/metrics.json`` memory counts)."""
+        def grew(name: str) -> float:
+            return float(self.memory_after.get(name, 0)) - float(self.memory_before.get(name, 0))
+
+        written, skipped = grew("captions"), grew("captions_skipped")
+        each = max(written, 1)
+        return (f"captions: {written:.0f} written, {skipped:.0f} skipped; each {grew('caption_tokens_computed') / each:.1f} "
+                f"prompt tokens computed past the warm prefix, {grew('caption_tokens_generated') / each:.1f} generated, "
+                f"{grew('caption_seconds') * 1000 / each:.0f} ms from request to last token; "
+                f"{grew('caption_seconds') / max(self.seconds, 1e-9):.2%} of the stream's time")
+
     def report(self) -> list[str]:
         a = self.asked
         on_time, late, missed, false = self.fires()
@@ -180,6 +194,8 @@ class Session:
         lines.append(f"frames accepted {len(self.accepted)}, checks skipped {self.skipped}; red scenes "
                      f"{len(red_scenes(self.colours))}: fired within {WITHIN} accepted frames {len(on_time)}, late "
                      f"{len(late)}, missed {len(missed)}; false fires {len(false)}")
+        if self.memory_after:
+            lines.append(self.caption_line())
         rss = [x for x in a if x.rss_mib is not None]
         if rss:
             five = next((x for x in rss if x.at_s >= 300), rss[-1])
@@ -207,7 +223,8 @@ async def run_session(
     seen = Session(colours)
     http = httpx.AsyncClient(base_url=server.http_url, timeout=30)
     conn, _ = await Connection.open(server.ws_url, config, open_timeout=120, compression=None)
-    seen.engine_before = (await http.get("/metrics.json")).json()["engine"]
+    metrics = (await http.get("/metrics.json")).json()
+    seen.engine_before, seen.memory_before = metrics["engine"], metrics.get("memory") or {}
     frame_done: dict[int, asyncio.Event] = {}
     answers: asyncio.Queue[tuple[float, int, ResponseDone]] = asyncio.Queue()
     pending: list[float] = []  # when each question not yet answered was sent
@@ -275,7 +292,8 @@ async def run_session(
             seen.seconds = time.perf_counter() - started
             await asyncio.sleep(0.5)  # the last check's fire, if any
             reader.cancel()
-        seen.engine_after = (await http.get("/metrics.json")).json()["engine"]
+        metrics = (await http.get("/metrics.json")).json()
+        seen.engine_after, seen.memory_after = metrics["engine"], metrics.get("memory") or {}
     finally:
         await conn.close()
         await http.aclose()

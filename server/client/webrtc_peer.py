@@ -96,11 +96,13 @@ class SpeechTrack(MediaStreamTrack):
 class Peer:
     """One call: ``await call(base_url, key)``, then ``send`` and ``next`` events."""
 
-    def __init__(self, camera: MediaStreamTrack | None = None, microphone: MediaStreamTrack | None = None) -> None:
+    def __init__(self, camera: MediaStreamTrack | None = None, microphone: MediaStreamTrack | None = None,
+                 path: str = "/v1/realtime/calls", channel: str = "oai-events") -> None:
         self.pc = RTCPeerConnection()
         self.camera, self.microphone = camera, microphone
+        self.path = path  # where offers go (/v1/video/chat/calls with the livesight channel: protocol v1)
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel = self.pc.createDataChannel(channel)
         self.channel.on("message", lambda m: self.events.put_nowait(json.loads(m)))
         self.opened = asyncio.Event()
         self.channel.on("open", self.opened.set)
@@ -143,10 +145,10 @@ class Peer:
             sent["Authorization"] = f"Bearer {key}"
         async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as http:
             if session is None:
-                response = await http.post("/v1/realtime/calls", content=self.pc.localDescription.sdp,
+                response = await http.post(self.path, content=self.pc.localDescription.sdp,
                                            headers={**sent, "Content-Type": "application/sdp"})
             else:
-                response = await http.post("/v1/realtime/calls", headers=sent, files={
+                response = await http.post(self.path, headers=sent, files={
                     "sdp": (None, self.pc.localDescription.sdp), "session": (None, json.dumps(session))})
         if response.status_code != 201:
             return response
@@ -169,7 +171,7 @@ class Peer:
 
     async def hang_up(self, base_url: str, key: str | None = None) -> httpx.Response:
         async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
-            return await http.post(f"/v1/realtime/calls/{self.call_id}/hangup",
+            return await http.post(f"{self.path}/{self.call_id}/hangup",
                                    headers={"Authorization": f"Bearer {key}"} if key else {})
 
     async def close(self) -> None:

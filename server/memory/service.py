@@ -92,7 +92,7 @@ async def sweep_memory(memory: Memory, max_age_s: float) -> None:
             log.info("memory sweep deleted %d records older than %.0f s", deleted, max_age_s)
 
 
-def memory_summary(memory: Memory | None, captions: dict[str, int]) -> dict[str, object] | None:
+def memory_summary(memory: Memory | None, captions: dict[str, float]) -> dict[str, object] | None:
     """The memory's counts for ``/metrics.json`` (None: the server keeps no memory)."""
     if memory is None:
         return None

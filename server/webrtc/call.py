@@ -1,12 +1,14 @@
-"""One WebRTC call: a peer connection whose ``oai-events`` data channel speaks the Realtime
-events of ``/v1/realtime`` (the same codec and session core), whose microphone and camera
-tracks feed the session, and whose outgoing audio track speaks its answers.
+"""One WebRTC call: a peer connection whose data channel speaks a session protocol (the
+``oai-events`` channel the Realtime events of ``/v1/realtime``; the ``livesight`` channel
+protocol v1's, for the project's page), with the same codecs and session core as the
+WebSockets; its microphone and camera tracks feed the session, and its outgoing audio track
+speaks the answers.
 
 ``CallTransport`` is the session's ``Transport``: the data channel's messages and the
 media pumps' inputs in one bounded queue (a peer that floods past it is ended), sends on the
-channel (a peer that reads nothing past ``max_buffered_bytes`` is ended). ``CallCodec`` is
-the Realtime codec with the answers' audio going to the track instead of the channel, as
-OpenAI's WebRTC interface does.
+channel (a peer that reads nothing past ``max_buffered_bytes`` is ended). ``CallCodec`` (the
+Realtime codec) and ``V1CallCodec`` send the answers' audio to the track instead of the
+channel, as OpenAI's WebRTC interface does.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from handlers.core import events as ev
 from handlers.realtime import RealtimeCodec
+from handlers.wire.codec import V1Codec
 from handlers.session.transport import Decoded, Disconnected
 from server.webrtc.keyframes import KeyframeGate
 from server.webrtc.media import Sampler, Speaker, camera, microphone
 
 log = logging.getLogger("livesight.webrtc")
 
-EVENTS_CHANNEL = "oai-events"
+EVENTS_CHANNEL = "oai-events"  # the Realtime events (OpenAI's name)
+V1_CHANNEL = "livesight"  # protocol v1's events
 CAMERA_PREFIX = "camera_"  # the ids of the camera track's frames (media.py)
 #: How long ``send`` waits for the data channel to open or drain before the peer counts as gone.
 SEND_WAIT_S = 10.0
@@ -47,8 +51,9 @@ class CallLimits:
 class CallTransport:
     """The session's view of a call: receive messages and media, send on the data channel."""
 
-    def __init__(self, limits: CallLimits) -> None:
+    def __init__(self, limits: CallLimits, label: str = EVENTS_CHANNEL) -> None:
         self.limits = limits
+        self.label = label  # the data channel the session speaks on
         self._in, self._out = anyio.create_memory_object_stream[str | bytes | Decoded](limits.max_pending)
         self.channel: RTCDataChannel | None = None
         self.opened = anyio.Event()
@@ -57,8 +62,8 @@ class CallTransport:
         self.drained = anyio.Event()
 
     def attach(self, channel: RTCDataChannel) -> None:
-        """Take the peer's ``oai-events`` channel (another is closed)."""
-        if channel.label != EVENTS_CHANNEL or self.channel is not None:
+        """Take the peer's channel named ``label`` (another is closed)."""
+        if channel.label != self.label or self.channel is not None:
             channel.close()
             return
         self.channel = channel
@@ -124,8 +129,24 @@ class CallTransport:
         self.end(code)
 
 
+def spoken(speaker: Speaker, event: ev.Event) -> bool:
+    """Play an answer's audio on the call's track (True: the event is taken, nothing to send);
+    an interrupted answer's or a cleared output's audio stops."""
+    if isinstance(event, ev.AnswerAudioDelta):
+        try:
+            speaker.play(event.data)
+        except ValueError as exc:
+            log.warning("engine audio could not be played: %s", exc)
+        return True
+    if isinstance(event, ev.OutputAudioCleared) or (isinstance(event, ev.AnswerEnded) and event.status == "interrupted"):
+        speaker.clear()
+    return False
+
+
 class CallCodec(RealtimeCodec):
     """The Realtime codec of a call: answers' audio goes to the outgoing track."""
+
+    label = EVENTS_CHANNEL
 
     def __init__(self, speaker: Speaker, model: str | None, max_message_bytes: int | None = None,
                  bound: dict[str, Any] | None = None) -> None:
@@ -135,15 +156,8 @@ class CallCodec(RealtimeCodec):
     def encode(self, event: ev.Event) -> list[str]:
         if isinstance(event, ev.FrameAcked):
             return self._frame_acked(event)
-        if isinstance(event, ev.AnswerAudioDelta):
-            try:
-                self.speaker.play(event.data)
-            except ValueError as exc:
-                log.warning("engine audio could not be played: %s", exc)
+        if spoken(self.speaker, event):
             return []
-        if isinstance(event, ev.OutputAudioCleared) or (
-                isinstance(event, ev.AnswerEnded) and event.status == "interrupted"):
-            self.speaker.clear()
         return super().encode(event)
 
     def _frame_acked(self, ack: ev.FrameAcked) -> list[str]:
@@ -167,6 +181,25 @@ class CallCodec(RealtimeCodec):
         return float(self.session.config.get("camera_fps") or 2.0)
 
 
+class V1CallCodec(V1Codec):
+    """Protocol v1 on a call (the project's page): answers' audio goes to the outgoing track;
+    the camera's frames are acked as v1 frames are."""
+
+    label = V1_CHANNEL
+
+    def __init__(self, speaker: Speaker, max_message_bytes: int | None = None) -> None:
+        super().__init__(max_message_bytes)
+        self.speaker = speaker
+        self.camera_fps = 2.0
+
+    def encode(self, event: ev.Event) -> list[str]:
+        if isinstance(event, (ev.SessionReady, ev.ConfigUpdated)):
+            self.camera_fps = float(event.config.get("camera_fps") or 2.0)
+        if spoken(self.speaker, event):
+            return []
+        return super().encode(event)
+
+
 def _from_camera(frame_id: object) -> bool:
     return isinstance(frame_id, str) and frame_id.startswith(CAMERA_PREFIX)
 
@@ -174,8 +207,8 @@ def _from_camera(frame_id: object) -> bool:
 class Call:
     """A call from its offer to its end: run ``run`` in the server's task group."""
 
-    def __init__(self, call_id: str, pc: RTCPeerConnection, transport: CallTransport, codec: CallCodec,
-                 limits: CallLimits) -> None:
+    def __init__(self, call_id: str, pc: RTCPeerConnection, transport: CallTransport,
+                 codec: CallCodec | V1CallCodec, limits: CallLimits) -> None:
         self.call_id = call_id
         self.pc = pc
         self.transport = transport

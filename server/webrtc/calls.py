@@ -1,7 +1,8 @@
 """OpenAI's WebRTC interface: ``POST /v1/realtime/calls`` (an SDP offer in, ``201`` with the
 answer and ``Location: /v1/realtime/calls/{call_id}``), ``POST .../{call_id}/hangup``, and
 ``POST /v1/realtime/client_secrets`` (ephemeral ``ek_`` keys), with the CORS a page served
-from an allowed origin needs to call them as it would call OpenAI.
+from an allowed origin needs to call them as it would call OpenAI; and the same calls
+speaking protocol v1 at ``/v1/video/chat/calls`` (the project's page).
 
 A call's offer is refused with a clear 400 when it is not a WebRTC offer; while
 ``max_pending_connections`` calls are still connecting, or the server holds ``max_sessions``
@@ -29,12 +30,13 @@ from handlers.wire.codec import WireCodec
 from server.auth import AccessPolicy
 from server.client_secrets import ClientSecretError
 from server.settings import Settings
-from server.webrtc.call import Call, CallCodec, CallLimits, CallTransport
+from server.webrtc.call import Call, CallCodec, CallLimits, CallTransport, V1CallCodec
 from server.webrtc.media import SPEAKER_RATE, Speaker
 
 log = logging.getLogger("livesight.webrtc")
 
-CALLS_PATH = "/v1/realtime/calls"
+CALLS_PATH = "/v1/realtime/calls"  # the Realtime events on the oai-events channel
+V1_CALLS_PATH = "/v1/video/chat/calls"  # protocol v1 on the livesight channel (the project's page)
 SECRETS_PATH = "/v1/realtime/client_secrets"
 MAX_OFFER_BYTES = 64 * 1024
 #: What OpenAI's Agents SDK sends with an offer (a preflight asks for them by name).
@@ -96,16 +98,23 @@ class Calls:
     def connecting(self) -> int:
         return sum(not c.connected for c in self.calls.values())
 
-    async def offer(self, sdp: str, session: dict[str, Any] | None, bound: dict[str, Any], owner: str) -> Call:
-        """Answer an offer: a new call, its session started once its data channel opens.
+    async def offer(self, sdp: str, session: dict[str, Any] | None, bound: dict[str, Any], owner: str,
+                    v1: bool = False) -> Call:
+        """Answer an offer: a new call, its session started once its data channel opens (the
+        Realtime events, or with ``v1`` protocol v1's, which knows no bound session).
         Raises ``OfferError``."""
         assert self.tg is not None, "the server is not serving"
         if "m=" not in sdp or not sdp.lstrip().startswith("v="):
             raise OfferError("the body is not an SDP offer (application/sdp, starting with v=0)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(self.settings.webrtc_ice_servers)))
         speaker = Speaker(self.limits.max_audio_out_bytes)
-        codec = CallCodec(speaker, None, self.settings.max_message_bytes, bound or None)
-        transport = CallTransport(self.limits)
+        codec: CallCodec | V1CallCodec
+        if v1:
+            codec = V1CallCodec(speaker, self.settings.max_message_bytes)
+            session = bound = None
+        else:
+            codec = CallCodec(speaker, None, self.settings.max_message_bytes, bound or None)
+        transport = CallTransport(self.limits, codec.label)
         call = Call("rtc_" + secrets.token_hex(16), pc, transport, codec, self.limits)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
@@ -247,42 +256,47 @@ def add_call_routes(app: FastAPI, calls: Calls, access: AccessPolicy, draining: 
             "Access-Control-Allow-Headers": ", ".join(ALLOWED_HEADERS), "Access-Control-Max-Age": "600",
         })
 
-    app.add_api_route(CALLS_PATH, preflight, methods=["OPTIONS"], include_in_schema=False)
-    app.add_api_route(CALLS_PATH + "/{call_id}/hangup", preflight, methods=["OPTIONS"], include_in_schema=False)
+    def call_routes(path: str, v1: bool) -> None:
+        async def create_call(request: Request) -> Response:
+            cors, allowed = _cors(request, access)
+            if not allowed:
+                return _error(403, "forbidden_origin", "this origin may not call", cors)
+            if not access.http_key(request.headers, request.query_params):
+                return _error(401, "unauthorized", "a valid API key (or ephemeral key) is required", cors)
+            secret = access.secret(request.headers, request.query_params)
+            if draining():
+                return _error(503, "server_closing", "the server is shutting down; call again", cors)
+            if calls.connecting >= calls.settings.max_pending_connections:
+                return _error(503, "too_many_sessions", "too many calls are connecting; try again", cors)
+            if len(calls.admission.active) >= calls.admission.max_sessions:
+                return _error(503, "too_many_sessions",
+                              f"the server is at its limit of {calls.admission.max_sessions} sessions", cors)
+            try:
+                sdp, session = await read_offer(request)
+                call = await calls.offer(sdp, session, secret.session if secret is not None else {},
+                                         access.owner(request.headers, request.query_params), v1=v1)
+            except OfferError as exc:
+                return _error(400, "invalid_offer", str(exc), cors)
+            return Response(call.pc.localDescription.sdp, status_code=201, media_type="application/sdp",
+                            headers={**cors, "Location": f"{path}/{call.call_id}"})
 
-    @app.post(CALLS_PATH)
-    async def create_call(request: Request) -> Response:
-        cors, allowed = _cors(request, access)
-        if not allowed:
-            return _error(403, "forbidden_origin", "this origin may not call", cors)
-        if not access.http_key(request.headers, request.query_params):
-            return _error(401, "unauthorized", "a valid API key (or ephemeral key) is required", cors)
-        secret = access.secret(request.headers, request.query_params)
-        if draining():
-            return _error(503, "server_closing", "the server is shutting down; call again", cors)
-        if calls.connecting >= calls.settings.max_pending_connections:
-            return _error(503, "too_many_sessions", "too many calls are connecting; try again", cors)
-        if len(calls.admission.active) >= calls.admission.max_sessions:
-            return _error(503, "too_many_sessions", f"the server is at its limit of {calls.admission.max_sessions} sessions", cors)
-        try:
-            sdp, session = await read_offer(request)
-            call = await calls.offer(sdp, session, secret.session if secret is not None else {},
-                                     access.owner(request.headers, request.query_params))
-        except OfferError as exc:
-            return _error(400, "invalid_offer", str(exc), cors)
-        return Response(call.pc.localDescription.sdp, status_code=201, media_type="application/sdp",
-                        headers={**cors, "Location": f"{CALLS_PATH}/{call.call_id}"})
+        async def hang_up(call_id: str, request: Request) -> Response:
+            cors, allowed = _cors(request, access)
+            if not allowed:
+                return _error(403, "forbidden_origin", "this origin may not call", cors)
+            if not access.http_key(request.headers, request.query_params):
+                return _error(401, "unauthorized", "a valid API key (or ephemeral key) is required", cors)
+            if not calls.hang_up(call_id):
+                return _error(404, "call_not_found", "no such call (it ended, or never was)", cors)
+            return JSONResponse({}, headers=cors)
 
-    @app.post(CALLS_PATH + "/{call_id}/hangup")
-    async def hang_up(call_id: str, request: Request) -> Response:
-        cors, allowed = _cors(request, access)
-        if not allowed:
-            return _error(403, "forbidden_origin", "this origin may not call", cors)
-        if not access.http_key(request.headers, request.query_params):
-            return _error(401, "unauthorized", "a valid API key (or ephemeral key) is required", cors)
-        if not calls.hang_up(call_id):
-            return _error(404, "call_not_found", "no such call (it ended, or never was)", cors)
-        return JSONResponse({}, headers=cors)
+        app.add_api_route(path, preflight, methods=["OPTIONS"], include_in_schema=False)
+        app.add_api_route(path + "/{call_id}/hangup", preflight, methods=["OPTIONS"], include_in_schema=False)
+        app.add_api_route(path, create_call, methods=["POST"])
+        app.add_api_route(path + "/{call_id}/hangup", hang_up, methods=["POST"])
+
+    call_routes(CALLS_PATH, v1=False)
+    call_routes(V1_CALLS_PATH, v1=True)
 
     @app.post(SECRETS_PATH)
     async def client_secret(request: Request) -> Response:

@@ -9,6 +9,7 @@ import { base64ToBytes, bytesToBase64 } from "./base64.js";
 import { FrameSampler, listDevices, openMedia } from "./capture.js";
 import { Connection } from "./connection.js";
 import { Microphone } from "./microphone.js";
+import { RtcConnection } from "./rtc-connection.js";
 import { WatchPanel } from "./watches.js";
 
 const $ = (id) => document.getElementById(id);
@@ -81,13 +82,24 @@ class App {
     this.cancelled = new Set();
     this.answers = new AnswerLog($("answers"));
     this.watches = new WatchPanel($("watches"), $("alerts"), (watchId) => this.removeWatch(watchId));
-    this.connection = new Connection({
+    const hooks = {
       url: () => $("server-url").value.trim() || defaultServerUrl(),
       apiKey: () => $("api-key").value.trim(),
       config: () => this.sessionConfig(),
       onEvent: (event) => this.handleEvent(event),
       onState: (state, detail) => this.showState(state, detail),
-    });
+    };
+    this.socket = new Connection(hooks);
+    this.call = RtcConnection.supported
+      ? new RtcConnection({
+          ...hooks,
+          media: () => this.stream,
+          cameraFps: () => this.videoSettings().fps,
+          voice: $("voice"),
+          onUnavailable: (reason) => this.fallBack(reason),
+        })
+      : null;
+    this.connection = this.socket;
     this.sampler = new FrameSampler(
       $("preview"),
       () => this.videoSettings(),
@@ -122,7 +134,9 @@ class App {
       this.applySettings();
     });
     for (const id of ["camera", "microphone", "send-audio", "audio-processing"]) {
-      $(id).addEventListener("change", () => this.streaming && this.restartMedia());
+      $(id).addEventListener("change", async () => {
+        if (this.streaming && (await this.restartMedia())) this.connection.mediaChanged?.();
+      });
     }
   }
 
@@ -159,7 +173,34 @@ class App {
 
   applySettings() {
     this.hideMessage();
-    if (this.streaming) this.connection.open(); // session settings only apply to a new session
+    if (this.streaming) this.connect(); // session settings only apply to a new session
+  }
+
+  /** The transport the settings ask for: WebRTC (camera and microphone as media tracks) when
+   * the browser has it, else the WebSocket (frames as JPEG messages). */
+  chosenConnection() {
+    return $("transport").value === "webrtc" && this.call ? this.call : this.socket;
+  }
+
+  /** Open a new session on the chosen transport. */
+  connect() {
+    const next = this.chosenConnection();
+    if (next !== this.connection) this.connection.close();
+    this.connection = next;
+    this.connection.open();
+    if (this.connection.carriesMedia) this.sampler.stop();
+    else this.sampler.start();
+  }
+
+  /** WebRTC could not reach the server: the session goes over the WebSocket instead. */
+  fallBack(reason) {
+    if (!this.streaming || this.connection !== this.call) return;
+    this.call.close();
+    this.connection = this.socket;
+    this.showMessage(`A WebRTC call could not be made (${reason}); streaming over the WebSocket.`, "info", "transport");
+    this.connection.open();
+    this.sampler.start();
+    this.render();
   }
 
   // ------------------------------------------------------------------ start and stop
@@ -179,8 +220,7 @@ class App {
     this.audioContext();
     if (!(await this.restartMedia())) return;
     this.streaming = true;
-    this.connection.open();
-    this.sampler.start();
+    this.connect();
     this.render();
   }
 
@@ -260,6 +300,7 @@ class App {
   }
 
   sendAudio(pcm) {
+    if (this.connection.carriesMedia) return; // the call's microphone track carries it
     if (!this.connection.send({ type: "audio.chunk", data: bytesToBase64(new Uint8Array(pcm)) })) return;
     this.stats.audioBytes += pcm.byteLength;
     this.render();
@@ -331,6 +372,7 @@ class App {
         this.watches.cleared(event);
         break;
       case "video.frame.ack":
+        if (this.connection.carriesMedia) this.stats.sent += 1; // a frame the server took from the camera track
         if (event.accepted) this.stats.accepted += 1;
         else if (event.reason === "overloaded") this.stats.shed += 1;
         else this.stats.filtered += 1;
@@ -417,6 +459,7 @@ class App {
     badge.dataset.state = state;
     badge.textContent = words;
     $("r-state").textContent = words.toLowerCase();
+    $("r-transport").textContent = state === "idle" ? "–" : this.connection.transport;
     if (state === "reconnecting") {
       this.answers.abandon("the connection dropped before the answer finished");
       this.showMessage(

@@ -34,7 +34,7 @@ export class Connection {
    */
   constructor(hooks) {
     this.hooks = hooks;
-    this.ws = null;
+    this.link = null; // the current WebSocket (or call: rtc-connection.js)
     this.state = "idle";
     this.attempt = 0;
     this.retryTimer = null;
@@ -43,13 +43,23 @@ export class Connection {
     this.resumeToken = null; // from the last session.ready: a reconnect takes the same session back
   }
 
+  /** The name the page shows for how it is connected. */
+  get transport() {
+    return "WebSocket";
+  }
+
+  /** True when camera and microphone travel as media tracks, not as messages. */
+  get carriesMedia() {
+    return false;
+  }
+
   get ready() {
-    return this.state === "ready" && this.ws?.readyState === WebSocket.OPEN;
+    return this.state === "ready" && this.link?.readyState === WebSocket.OPEN;
   }
 
   /** Bytes queued in the socket and not yet sent (for back-pressure). */
   get bufferedAmount() {
-    return this.ws ? this.ws.bufferedAmount : 0;
+    return this.link ? this.link.bufferedAmount : 0;
   }
 
   setState(state, detail = {}) {
@@ -85,11 +95,16 @@ export class Connection {
     url.searchParams.set("route", routeKey());
     this.setState("connecting");
     const ws = new WebSocket(url.href);
-    this.ws = ws;
-    const resume = this.resumeToken ? { resume_token: this.resumeToken } : {};
-    ws.onopen = () => ws.send(JSON.stringify({ type: "session.config", ...this.hooks.config(), ...resume }));
+    this.link = ws;
+    ws.onopen = () => ws.send(JSON.stringify(this.configMessage()));
     ws.onmessage = (message) => this.receive(message.data);
     ws.onclose = (event) => this.dropped(ws, event);
+  }
+
+  /** The first message: session.config (with the resume token of a dropped session). */
+  configMessage() {
+    const resume = this.resumeToken ? { resume_token: this.resumeToken } : {};
+    return { type: "session.config", ...this.hooks.config(), ...resume };
   }
 
   receive(data) {
@@ -109,9 +124,9 @@ export class Connection {
     this.hooks.onEvent(event);
   }
 
-  dropped(ws, event) {
-    if (ws !== this.ws) return; // an old socket we already let go of
-    this.ws = null;
+  dropped(link, event) {
+    if (link !== this.link) return; // an old socket (or call) we already let go of
+    this.link = null;
     if (!this.wanted) {
       this.setState("idle");
       return;
@@ -133,14 +148,14 @@ export class Connection {
    */
   send(event) {
     if (!this.ready) return false;
-    this.ws.send(JSON.stringify(event));
+    this.link.send(JSON.stringify(event));
     return true;
   }
 
   detach() {
-    if (!this.ws) return;
-    const ws = this.ws;
-    this.ws = null;
+    if (!this.link) return;
+    const ws = this.link;
+    this.link = null;
     ws.onopen = ws.onmessage = ws.onclose = null;
     ws.close(1000);
   }

@@ -26,7 +26,7 @@ import av
 import httpx
 import numpy as np
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
 
 from server.background import RunningServer, run_server
 from server.bench.spoken import speak_clip
@@ -197,3 +197,84 @@ def test_the_agents_sdk_calls_over_webrtc_with_an_ephemeral_key_and_a_camera(
         finally:
             browser.close()
     time.sleep(0)  # the call ends with the page; the server's teardown checks nothing is left
+
+
+def test_the_project_page_streams_over_webrtc_with_a_key_the_server_mints_and_falls_back(
+    site_and_server: tuple[PageSite, RunningServer], tmp_path: Path,
+) -> None:
+    """livesight's own page, on its default transport: it asks the server for an ephemeral key
+    (with the API key set in its settings), offers the call with that key alone, and speaks v1
+    on the call's channel while the camera and microphone go as tracks. A watch added before
+    Start fires on the camera track; a question is answered in words, and aloud on the call's
+    audio track; Stop hangs up. When the server refuses calls, the page streams over the
+    WebSocket instead."""
+    _, server = site_and_server
+    assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium"
+    video, audio = tmp_path / "screen.y4m", tmp_path / "question.wav"
+    write_screen_y4m(video)
+    write_question_wav(audio)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
+            *CHROMIUM_FLAGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
+            f"--use-file-for-fake-video-capture={video}", f"--use-file-for-fake-audio-capture={audio}"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            sent: list[tuple[str, str]] = []  # (path, Authorization) of the page's POSTs
+            page.on("request", lambda r: r.method == "POST" and sent.append(
+                (r.url.split("://", 1)[1].split("/", 1)[1], r.headers.get("authorization", ""))))
+            page.goto(server.http_url + "/")
+            page.wait_for_function("window.livesight !== undefined")
+            assert page.locator("#transport").input_value() == "webrtc"
+            page.fill("#api-key", API_KEY)
+            page.check("#speak")
+            page.fill("#max-tokens", "6")
+            page.fill("#watch-condition", "Is the screen red?")
+            page.click("#watch-add")
+            page.click("#start")
+            expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready", timeout=60_000)
+            expect(page.locator("#r-transport")).to_have_text("WebRTC")
+            assert sent[:2] == [("v1/realtime/client_secrets", f"Bearer {API_KEY}"),
+                                ("v1/video/chat/calls", sent[1][1])] and sent[1][1].startswith("Bearer ek_"), sent
+
+            alert = page.locator("#alerts .alert").last
+            expect(alert).to_have_attribute("data-status", "completed", timeout=90_000)
+            expect(alert.locator(".condition")).to_have_text("Is the screen red?")
+            expect(page.locator("#r-accepted")).not_to_have_text("0")
+            page.fill("#question", "What colour is the screen?")
+            page.press("#question", "Enter")
+            answer = page.locator("#answers .answer").first
+            expect(answer).to_have_attribute("data-status", "completed", timeout=60_000)
+            assert answer.locator(".answer-text").inner_text().strip()
+            energy = """async () => {
+                const pc = window.livesight.app.call.link?.pc;
+                let energy = 0;
+                if (pc) (await pc.getStats()).forEach((r) => {
+                  if (r.type === "inbound-rtp" && r.kind === "audio") energy = r.totalAudioEnergy || 0;
+                });
+                return energy;
+            }"""
+            wait_for(lambda: page.evaluate(energy) > 0.001, 30, "the answers' voice on the call's audio track")
+            assert page.evaluate("window.livesight.app.eventCounts['response.output_audio.delta']") is None
+            metrics = httpx.get(f"{server.http_url}/metrics.json", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+            assert metrics["webrtc"]["camera_frames"]["decoded"] > 3, metrics["webrtc"]
+
+            page.click("#stop-stream")
+            expect(page.locator("#conn-state")).to_have_attribute("data-state", "idle")
+            wait_for(lambda: any(p.startswith("v1/video/chat/calls/rtc_") and p.endswith("/hangup") for p, _ in sent),
+                     10, "the call hung up")
+
+            # A server that takes no calls: the page says so and streams over the WebSocket.
+            page.route("**/v1/video/chat/calls", lambda route: route.fulfill(status=404, body="not here"))
+            accepted = int(page.locator("#r-accepted").inner_text())
+            page.click("#start")
+            expect(page.locator("#r-transport")).to_have_text("WebSocket", timeout=30_000)
+            expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready")
+            expect(page.locator("#error")).to_contain_text("WebRTC call could not be made")
+            wait_for(lambda: int(page.locator("#r-accepted").inner_text()) > accepted, 30, "frames over the WebSocket")
+            page.click("#stop-stream")
+            assert not errors, errors
+        finally:
+            browser.close()

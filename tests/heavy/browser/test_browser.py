@@ -317,6 +317,7 @@ def run_page_checks(page: Page, server: RunningServer, wire: list[WireLog], tmp_
     )
     assert unlabeled == []
 
+    page.select_option("#transport", "websocket")  # frames as messages: the wire log sees them
     page.select_option("#max-side", "320")
     page.fill("#quality", "0.7")
     page.uncheck("#filter")  # keep every frame: the counts below are exact
@@ -441,7 +442,7 @@ def check_reconnect(page: Page, wire: list[WireLog]) -> None:
     """A dropped connection is shown, then re-established with a new session, carrying the
     same routing key; frames flow again."""
     sessions = len(wire)
-    page.evaluate("window.livesight.app.connection.ws.close(4000, 'simulated drop')")
+    page.evaluate("window.livesight.app.connection.link.close(4000, 'simulated drop')")
     expect(page.locator("#conn-state")).to_have_attribute("data-state", "reconnecting")
     expect(page.locator("#error")).to_contain_text("lost")
     expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready", timeout=10_000)
@@ -461,6 +462,7 @@ def test_browser_watch_alert(
     with chromium_page(screen_media, tmp_path / "profile") as page:
         page.goto(server.http_url + "/")
         page.wait_for_function("window.livesight !== undefined")
+        page.select_option("#transport", "websocket")  # frames as messages: the wire log sees them
         page.uncheck("#send-audio")
         page.check("#speak")
         page.fill("#max-tokens", "8")

@@ -85,6 +85,43 @@ async def test_a_spoken_question_on_the_microphone_is_answered_aloud_on_the_call
         await peer.close()
 
 
+async def test_a_v1_call_speaks_protocol_v1_on_its_channel_with_the_camera_and_voice_on_tracks(
+        server: RunningServer) -> None:
+    """``/v1/video/chat/calls`` with the ``livesight`` channel (the project's page): the first
+    message is v1's session.config, whose ``camera_fps`` samples the camera track; its frames
+    are acked as v1 frames are; a video.query streams its words on the channel and its voice on
+    the call's audio track (no audio deltas on the channel); another channel is closed."""
+    camera = PictureTrack(lambda n: np.full((240, 320, 3), (n * 7) % 255, np.uint8), fps=15)
+    peer = Peer(camera=camera, path="/v1/video/chat/calls", channel="livesight")
+    stray = peer.pc.createDataChannel("oai-events")
+    try:
+        response = await peer.call(_base(server))
+        assert response.status_code == 201, response.text
+        assert response.headers["location"].startswith("/v1/video/chat/calls/rtc_")
+        peer.send({"type": "session.config", "camera_fps": 4, "enable_frame_filter": False,
+                   "modalities": ["text", "audio"], "sampling": {"max_tokens": 6}})
+        ready = await peer.next("session.ready")
+        assert ready["type"] == "session.ready" and ready["config"]["camera_fps"] == 4, ready
+        acks = [await peer.next("video.frame.ack") for _ in range(6)]
+        assert [a["frame_id"] for a in acks] == [f"camera_{n}" for n in range(1, 7)]
+        span_ms = acks[-1]["server_receive_ts_ms"] - acks[0]["server_receive_ts_ms"]
+        assert 5 / 4 * 1000 * 0.6 <= span_ms <= 5 / 4 * 1000 * 1.6, span_ms  # 4 fps of a 15 fps track
+        peer.send({"type": "video.query", "text": "what do you see?"})
+        seen: list[str] = []
+        while not seen or seen[-1] not in ("response.done", "error"):
+            seen.append((await peer.next("response.text.delta", "response.output_audio.delta", "response.done"))["type"])
+        assert seen[-1] == "response.done" and "response.output_audio.delta" not in seen, seen
+        for _ in range(100):  # the voice plays in real time after the words
+            if len(peer.heard) >= 48_000 * 2 * 0.2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(peer.heard) >= 48_000 * 2 * 0.2, len(peer.heard)
+        assert stray.readyState in ("closing", "closed")
+        assert (await peer.hang_up(_base(server))).status_code == 200
+    finally:
+        await peer.close()
+
+
 async def test_bad_offers_get_a_clear_400_and_abandoned_offers_are_freed(server: RunningServer) -> None:
     """Not SDP, SDP with no media, a wrong content type: 400 naming the problem. An offer whose
     peer never connects is ended after webrtc_connect_timeout_s (3 s here) and counted."""

@@ -1,0 +1,170 @@
+"""Reading a camera the server pulls itself: RTSP (TCP or UDP), HLS, HTTP MJPEG or a local file
+(optionally looped), through PyAV/FFmpeg, in a thread of its own.
+
+``read_source`` opens the source, decodes its video and hands ``sampled`` frames to ``put``:
+one per ``1 / fps`` of the stream's own time (``webrtc.media.Sampler``), each scaled to at
+most ``max_side`` and encoded as JPEG; the frames in between are decoded (a video's frames
+depend on each other) but never converted, and frames no other frame refers to are not even
+decoded. A file or HTTP feed is paced at its own rate (it plays as a camera would); a file
+starts over at its end when looped. FFmpeg's own timeouts bound the open and every read, so a camera that
+never answers or stops sending raises ``SourceError`` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from server.webrtc.media import Sampler, frame_jpeg
+
+#: The URL schemes a stream's source may have.
+SCHEMES = frozenset({"rtsp", "rtsps", "http", "https", "file"})
+
+
+class SourceError(Exception):
+    """The source failed. ``final``: it is not a camera (or not one this server can read), so
+    trying again cannot help."""
+
+    def __init__(self, message: str, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFrame:
+    """A sampled frame: its JPEG and its time in the source (ms since the source's first frame)."""
+
+    jpeg: bytes
+    pts_ms: float
+
+
+@dataclass(slots=True)
+class SourceCounts:
+    """Frames a stream's source gave: decoded, and sampled (handed on)."""
+
+    decoded: int = 0
+    sampled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """Where a stream's frames come from and how to read them."""
+
+    url: str
+    fps: float
+    max_side: int
+    loop: bool = False
+    open_timeout_s: float = 10.0
+    read_timeout_s: float = 5.0
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme.lower()
+
+
+def checked_url(url: str) -> str:
+    """``url`` if its scheme is one a stream may read (a path without one is refused: the
+    file scheme says it is meant). Raises ``ValueError``."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in SCHEMES:
+        raise ValueError(f"a source is an rtsp://, http(s):// or file:// URL, not {url[:80]!r}")
+    if parts.scheme.lower() != "file" and not parts.hostname:
+        raise ValueError("the source URL names no host")
+    return url
+
+
+def _opened(spec: SourceSpec) -> tuple[str, dict[str, str], str | None]:
+    """The URL FFmpeg opens, its options and its format. RTSP takes ``?transport=udp`` (TCP by
+    default: it crosses NATs and loses nothing)."""
+    parts = urlsplit(spec.url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        return str(Path(parts.path)), {}, None
+    options: dict[str, str] = {}
+    url = spec.url
+    if scheme in ("rtsp", "rtsps"):
+        query = parse_qs(parts.query)
+        transport = (query.pop("transport", ["tcp"])[0] or "tcp").lower()
+        options["rtsp_transport"] = "udp" if transport == "udp" else "tcp"
+        rest = "&".join(f"{k}={v}" for k, values in query.items() for v in values)
+        url = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
+    else:
+        options["reconnect"] = "0"  # the stream reconnects itself, with its backoff
+    return url, options, None
+
+
+def read_source(spec: SourceSpec, put: Callable[[SourceFrame], None], stop: threading.Event,
+                on_open: Callable[[], None] = lambda: None, counts: SourceCounts | None = None) -> None:
+    """Read ``spec`` until ``stop`` is set or the source ends (a file not looped). Calls
+    ``on_open`` once frames can come, ``put`` with each sampled frame. Raises ``SourceError``."""
+    import av
+
+    url, options, fmt = _opened(spec)
+    sampler = Sampler(spec.fps)
+    counts = counts if counts is not None else SourceCounts()
+    offset_s = 0.0  # a looped file's time goes on across its runs
+    while not stop.is_set():
+        try:
+            container = av.open(url, options=options, format=fmt,
+                                timeout=(spec.open_timeout_s, spec.read_timeout_s))
+        except (av.error.InvalidDataError, av.error.PatchWelcomeError, av.error.ProtocolNotFoundError) as exc:
+            raise SourceError(f"not a video source: {exc}", final=True) from None
+        except (av.error.HTTPNotFoundError, av.error.FileNotFoundError) as exc:
+            raise SourceError(f"no such source: {exc}", final=True) from None
+        except (av.error.FFmpegError, OSError) as exc:
+            raise SourceError(f"could not open the source: {exc}") from None
+        try:
+            end_s = _decode(container, spec, sampler, offset_s, put, stop, on_open, counts)
+        finally:
+            container.close()
+        if stop.is_set() or (spec.scheme == "file" and not spec.loop):
+            return  # stopped, or a file played once
+        if spec.scheme != "file":
+            raise SourceError("the source ended")  # a camera that stops sending: reconnect
+        offset_s = end_s
+
+
+def _decode(container: object, spec: SourceSpec, sampler: Sampler, offset_s: float,
+            put: Callable[[SourceFrame], None], stop: threading.Event, on_open: Callable[[], None],
+            counts: SourceCounts) -> float:
+    """Decode one run of an open container; returns the source time it ended at (seconds)."""
+    import av
+
+    if not container.streams.video:  # type: ignore[attr-defined]
+        raise SourceError("the source has no video", final=True)
+    stream = container.streams.video[0]  # type: ignore[attr-defined]
+    stream.codec_context.skip_frame = "NONREF"  # frames no other frame needs are not decoded
+    stream.thread_type = "AUTO"
+    # A file or an HTTP feed (an HLS playlist, MJPEG) plays at its own rate, as a camera
+    # would: neither may run ahead of the wall clock. RTSP is live by nature.
+    paced = spec.scheme not in ("rtsp", "rtsps")
+    started = time.monotonic()
+    first: float | None = None
+    last_s = offset_s
+    on_open()
+    try:
+        for frame in container.decode(stream):  # type: ignore[attr-defined]
+            if stop.is_set():
+                break
+            counts.decoded += 1
+            # a feed without timestamps (MJPEG over HTTP) is timed by its arrival
+            stamp = frame.time if frame.time is not None else time.monotonic() - started
+            first = stamp if first is None else first
+            at_s = offset_s + stamp - first
+            last_s = at_s
+            if paced:  # a file plays at its own rate, as a camera would
+                ahead = (at_s - offset_s) - (time.monotonic() - started)
+                if ahead > 0 and stop.wait(ahead):
+                    break
+            if sampler.keep(at_s):
+                counts.sampled += 1
+                put(SourceFrame(frame_jpeg(frame, spec.max_side), round(at_s * 1000, 3)))
+    except (av.error.FFmpegError, OSError) as exc:
+        if not stop.is_set():
+            raise SourceError(f"reading the source failed: {exc}") from None
+    rate = float(stream.average_rate or 25)
+    return last_s + 1.0 / rate

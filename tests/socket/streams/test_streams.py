@@ -1,0 +1,234 @@
+"""Cameras the server pulls itself (``/v1/streams``), on the colours demo model through the
+real server: a clip of a red, then grey, then red screen, read from a file as a camera;
+the red watch fires twice; each fire and narration goes to a real webhook receiver (which
+fails three times first) signed and once per idempotency key, and to Server-Sent Events
+resumable with ``Last-Event-ID``; the evidence frames are the red screen. Bad sources are
+refused or fail in the stream's state; a source that never answers is retried, not waited on."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import simplejpeg
+
+from server.background import RunningServer, run_server
+from server.bench.footage import write_colour_clip
+from server.settings import Settings
+from server.streams.delivery import verify
+from tests.colours_models import ShippedModels
+
+pytestmark = pytest.mark.timeout(300)
+
+SECRET = "whsec-test-secret"
+RED_WATCH = {"watch_id": "red", "condition": "Is the screen red?", "cooldown_s": 0}
+SCENES = [("red", 3.0), ("grey", 4.0), ("red", 3.0)]
+
+
+class Receiver:
+    """A webhook receiver: answers 500 to its first ``failures`` requests, then 200; keeps
+    every request (headers, body, whether its signature checks out)."""
+
+    def __init__(self, failures: int) -> None:
+        receiver = self
+        self.failures = failures
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver.lock:
+                    failing = receiver.failures > 0
+                    receiver.failures -= failing
+                    receiver.requests.append({
+                        "at": time.monotonic(), "event_id": self.headers.get("livesight-event-id"),
+                        "signed": verify(SECRET, self.headers.get("livesight-signature", ""), body),
+                        "body": json.loads(body), "status": 500 if failing else 200})
+                self.send_response(500 if failing else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def accepted(self) -> dict[str, dict[str, Any]]:
+        """The events taken (200), by event id."""
+        with self.lock:
+            return {r["event_id"]: r for r in self.requests if r["status"] == 200}
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("clip") / "screen.mp4"
+    write_colour_clip(path, SCENES, fps=10)
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_server(colours_models: ShippedModels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    model = colours_models.get("qwen2_5_vl").path
+    settings = Settings(model=str(model), resume_grace_s=0, data_dir=tmp_path_factory.mktemp("data"),
+                        api_keys=["key-a", "key-b"], max_streams=4, stream_open_timeout_s=1.0,
+                        stream_read_timeout_s=1.0, stream_retry_max_s=2.0)
+    with run_server(settings) as running:
+        yield running
+
+
+def _http(server: RunningServer, key: str = "key-a") -> httpx.Client:
+    return httpx.Client(base_url=server.http_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _sse(server: RunningServer, stream_id: str, last_event_id: int, count: int) -> list[dict[str, Any]]:
+    """``count`` events of a stream's event stream read after ``last_event_id``."""
+    out: list[dict[str, Any]] = []
+    with _http(server) as http, http.stream("GET", f"/v1/streams/{stream_id}/events",
+                                            headers={"Last-Event-ID": str(last_event_id)}) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        event: dict[str, Any] = {}
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                event["id"] = int(line[4:])
+            elif line.startswith("event: "):
+                event["event"] = line[7:]
+            elif line.startswith("data: "):
+                event["data"] = json.loads(line[6:])
+            elif not line and "data" in event:
+                out.append(event)
+                event = {}
+                if len(out) == count:
+                    return out
+    return out
+
+
+def test_a_file_camera_fires_twice_delivered_signed_once_per_key_with_evidence_and_sse(
+        demo_server: RunningServer, clip: Path) -> None:
+    """The clip (red, grey, red) fires the red watch twice; the receiver fails three times,
+    then takes each fire and narration once per event id, every try signed; the evidence is the
+    red frame (and the grey ones before it); SSE gives them all, and resumes after an id."""
+    receiver = Receiver(failures=3)
+    try:
+        with _http(demo_server) as http:
+            created = http.post("/v1/streams", json={
+                "source": f"file://{clip}", "name": "door", "fps": 2, "lookback_s": 1.5,
+                "config": {"sampling": {"max_tokens": 4}}, "watches": [RED_WATCH],
+                "deliver": {"webhook": {"url": receiver.url, "secret": SECRET}}})
+            assert created.status_code == 201, created.text
+            stream_id = created.json()["stream_id"]
+            assert created.headers["location"] == f"/v1/streams/{stream_id}"
+            assert http.get(f"/v1/streams/{stream_id}", headers={"Authorization": "Bearer key-b"}).status_code == 404
+            status = _wait(lambda: (s := http.get(f"/v1/streams/{stream_id}").json())["state"] == "ended" and s, 60,
+                           "the clip to play to its end")
+            assert status["frames_decoded"] == 100 and 19 <= status["frames_sampled"] <= 21, status
+            assert status["deliver"]["webhook"]["secret"] == "***"
+
+            def fires() -> list[dict[str, Any]]:
+                return [r["body"] for r in receiver.accepted().values() if r["body"]["type"] == "watch.fired"]
+
+            _wait(lambda: len(fires()) == 2, 60, "two fires at the webhook, after its three failures")
+            _wait(lambda: sum(r["body"]["type"] == "watch.narration" for r in receiver.accepted().values()) == 2, 30,
+                  "two narrations")
+            taken = receiver.accepted()
+            assert all(r["signed"] for r in receiver.requests), receiver.requests
+            assert sum(r["status"] == 500 for r in receiver.requests) == 3
+            assert len(taken) == 4 == len({r["event_id"] for r in receiver.requests})  # retried under one key each
+            first, second = sorted(fires(), key=lambda b: b["seq"])
+            assert first["watch_id"] == "red" and first["condition"] == "Is the screen red?"
+            assert first["stream_id"] == stream_id and first["stream_name"] == "door"
+            assert first["frame_pts_ms"] < 1000 and 7000 <= second["frame_pts_ms"] < 8500, (first, second)
+            for fire in (first, second):
+                jpeg = http.get(fire["evidence"]["frame"])
+                assert jpeg.status_code == 200 and jpeg.headers["content-type"] == "image/jpeg"
+                r, g, b = simplejpeg.decode_jpeg(jpeg.content).reshape(-1, 3).mean(axis=0)
+                assert r > 150 and g < 90 and b < 90, (r, g, b)
+            assert len(second["evidence"]["lookback"]) >= 2  # the grey frames before the red came back
+            assert http.get(second["evidence"]["lookback"][-1],
+                            headers={"Authorization": "Bearer key-b"}).status_code == 404
+            assert http.get(f"/v1/streams/{stream_id}").json()["deliveries"] == {"delivered": 4}
+
+            everything = _sse(demo_server, stream_id, 0, 4)
+            assert [e["event"] for e in everything].count("watch.fired") == 2
+            assert [e["data"]["id"] for e in everything] == [e["data"]["id"] for e in
+                                                             sorted(everything, key=lambda e: e["id"])]
+            rest = _sse(demo_server, stream_id, everything[0]["id"], 3)
+            assert [e["id"] for e in rest] == [e["id"] for e in everything[1:]]  # resumed after the one seen
+
+            assert http.delete(f"/v1/streams/{stream_id}").status_code == 204
+            assert http.get(f"/v1/streams/{stream_id}").status_code == 404
+            assert http.get(first["evidence"]["frame"]).status_code == 404
+    finally:
+        receiver.close()
+
+
+def test_bad_sources_are_refused_or_fail_and_a_silent_one_is_retried_not_waited_on(
+        demo_server: RunningServer, tmp_path: Path) -> None:
+    """Bad bodies get 400 saying what; a missing file, a file that is no video and a page that
+    is no camera fail; a source that accepts and never answers is retried within its timeouts;
+    max_streams holds; another key sees none of them; deleting frees them all."""
+    not_video = tmp_path / "notes.mp4"
+    not_video.write_bytes(b"this is not a video at all " * 100)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    port = silent.getsockname()[1]
+    try:
+        with _http(demo_server) as http:
+            for body, words in [({"source": "ftp://camera/x"}, "rtsp://"), ({"source": "rtsp://"}, "no host"),
+                                ({"source": "file:///x", "fps": 0}, "fps"), ({"source": "file:///x", "x": 1}, "x"),
+                                ({"source": "file:///x", "watches": [{"condition": ""}]}, "condition"),
+                                ({"source": "file:///x", "deliver": {"webhook": {"url": "gopher://x"}}}, "url")]:
+                refused = http.post("/v1/streams", json=body)
+                assert refused.status_code == 400 and words in refused.json()["error"]["message"], (body, refused.text)
+            assert httpx.post(f"{demo_server.http_url}/v1/streams", json={"source": "file:///x"}).status_code == 401
+
+            missing = http.post("/v1/streams", json={"source": f"file://{tmp_path}/none.mp4"}).json()["stream_id"]
+            garbage = http.post("/v1/streams", json={"source": f"file://{not_video}"}).json()["stream_id"]
+            hung = http.post("/v1/streams", json={"source": f"rtsp://127.0.0.1:{port}/cam"}).json()["stream_id"]
+            html = http.post("/v1/streams", json={"source": f"{demo_server.http_url}/"}).json()["stream_id"]
+            assert http.post("/v1/streams", json={"source": "file:///x"}).status_code == 429  # max_streams 4
+
+            def state(stream_id: str) -> dict[str, Any]:
+                return http.get(f"/v1/streams/{stream_id}").json()
+
+            for stream_id in (missing, garbage, html):
+                failed = _wait(lambda s=stream_id: state(s)["state"] == "failed" and state(s), 30, "a failed state")
+                assert failed["errors"] and failed["frames_decoded"] == 0, failed
+            started = time.monotonic()
+            retried = _wait(lambda: len(state(hung)["errors"]) >= 2 and state(hung), 30, "two tries at the silent source")
+            assert retried["state"] in ("connecting", "reconnecting") and time.monotonic() - started < 15, retried
+            listed = http.get("/v1/streams").json()["streams"]
+            assert {s["stream_id"] for s in listed} == {missing, garbage, hung, html}
+            assert http.get("/v1/streams", headers={"Authorization": "Bearer key-b"}).json()["streams"] == []
+            for stream_id in (missing, garbage, hung, html):
+                assert http.delete(f"/v1/streams/{stream_id}").status_code == 204
+            metrics = http.get("/metrics.json").json()["streams"]
+            assert metrics["streams"] == 0, metrics
+    finally:
+        silent.close()
