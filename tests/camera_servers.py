@@ -40,7 +40,8 @@ class RtspCamera:
 
     def start(self) -> None:
         assert SYSTEM_PYTHON.exists(), "the system Python is missing (Debian's python3)"
-        args = [str(SYSTEM_PYTHON), str(RTSP_SCRIPT), str(self.port), *(f"{n}={p}" for n, p in self.clips.items())]
+        # -I: the script's folder (tests/, whose socket/ would hide the standard socket) is not on the path
+        args = [str(SYSTEM_PYTHON), "-I", str(RTSP_SCRIPT), str(self.port), *(f"{n}={p}" for n, p in self.clips.items())]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -2,7 +2,7 @@
 """An RTSP camera for the tests and ``bench cameras``: Debian's GStreamer RTSP server, run by
 the system Python (its GObject bindings are Debian packages, not in the project's venv).
 
-    /usr/bin/python3 rtsp_camera.py PORT NAME=CLIP.mp4 [NAME=CLIP.mp4 ...]
+    /usr/bin/python3 -I rtsp_camera.py PORT NAME=CLIP.mp4 [NAME=CLIP.mp4 ...]
 
 serves each H.264 MP4 at ``rtsp://127.0.0.1:PORT/NAME`` as it is (no encoding: parsed and
 packetised only), over TCP and UDP, and prints ``ready`` once it listens. A clip that ends

@@ -108,10 +108,13 @@ def read_source(spec: SourceSpec, put: Callable[[SourceFrame], None], stop: thre
     counts = counts if counts is not None else SourceCounts()
     offset_s = 0.0  # a looped file's time goes on across its runs
     while not stop.is_set():
+        began = time.monotonic()
         try:
             container = av.open(url, options=options, format=fmt,
                                 timeout=(spec.open_timeout_s, spec.read_timeout_s))
         except (av.error.InvalidDataError, av.error.PatchWelcomeError, av.error.ProtocolNotFoundError) as exc:
+            if time.monotonic() - began >= spec.open_timeout_s * 0.9:  # FFmpeg says a timeout so too
+                raise SourceError(f"the source did not answer within {spec.open_timeout_s:g} s") from None
             raise SourceError(f"not a video source: {exc}", final=True) from None
         except (av.error.HTTPNotFoundError, av.error.FileNotFoundError) as exc:
             raise SourceError(f"no such source: {exc}", final=True) from None

@@ -262,7 +262,10 @@ class Stream:
     # ------------------------------------------------------------------ what the session says
     def saw(self, event: ev.Event) -> None:
         """An event of the session on its way out: fires and narrations go to the outbox."""
-        if isinstance(event, (ev.WatchCreated, ev.WatchUpdated)):
+        if isinstance(event, ev.SessionReady):
+            for watch in event.config.get("watches") or []:
+                self.conditions[str(watch.get("watch_id"))] = str(watch.get("condition", ""))
+        elif isinstance(event, (ev.WatchCreated, ev.WatchUpdated)):
             watch = event.watch
             self.conditions[str(watch.get("watch_id"))] = str(watch.get("condition", ""))
         elif isinstance(event, ev.WatchDeleted):
