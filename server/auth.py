@@ -60,7 +60,7 @@ class AccessPolicy:
         """Check a WebSocket handshake (header names in lower case, as ASGI gives them)."""
         subprotocol = _choose_subprotocol(subprotocols)
         origin = headers.get("origin")
-        if origin is not None and not self.origin_allowed(origin):
+        if origin is not None and not same_origin(origin, headers) and not self.origin_allowed(origin):
             return Verdict(ErrorCode.FORBIDDEN_ORIGIN, "this origin may not connect", subprotocol)
         presented = _presented_key(headers, query, subprotocols)
         if self._keys and not self.key_matches(presented):
@@ -157,6 +157,13 @@ def _choose_subprotocol(offered: Sequence[str]) -> str | None:
     if SUBPROTOCOL in offered:
         return SUBPROTOCOL
     return offered[0] if offered else None
+
+
+def same_origin(origin: str, headers: Mapping[str, str]) -> bool:
+    """True when a browser's ``origin`` is the server itself (its page at ``/``): the request's
+    Host. Such a page may always connect, whatever ``allowed_origins`` lists."""
+    host = headers.get("host", "")
+    return bool(host) and origin.split("://", 1)[-1].rstrip("/").lower() == host.lower()
 
 
 def _origin(value: str) -> str:

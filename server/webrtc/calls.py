@@ -27,7 +27,7 @@ from handlers.realtime import client_events as rtc
 from handlers.session.intake import Admission
 from handlers.session.transport import Transport
 from handlers.wire.codec import WireCodec
-from server.auth import AccessPolicy
+from server.auth import AccessPolicy, same_origin
 from server.client_secrets import ClientSecretError
 from server.settings import Settings
 from server.webrtc.call import Call, CallCodec, CallLimits, CallTransport, V1CallCodec
@@ -220,7 +220,7 @@ def _cors(request: Request, access: AccessPolicy) -> tuple[dict[str, str], bool]
     """The CORS headers for a request (none without ``Origin``) and whether it may go on:
     a page of another origin only when ``allowed_origins`` admits it."""
     origin = request.headers.get("origin")
-    if origin is None or _same_origin(origin, request.headers):
+    if origin is None or same_origin(origin, request.headers):
         return {}, True
     if not access.origin_listed(origin):
         return {"Vary": "Origin"}, False
@@ -228,11 +228,6 @@ def _cors(request: Request, access: AccessPolicy) -> tuple[dict[str, str], bool]
         "Access-Control-Allow-Origin": origin, "Vary": "Origin",
         "Access-Control-Expose-Headers": "Location",
     }, True
-
-
-def _same_origin(origin: str, headers: Mapping[str, str]) -> bool:
-    host = headers.get("host", "")
-    return origin.split("://", 1)[-1].rstrip("/").lower() == host.lower()
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
