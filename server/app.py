@@ -37,6 +37,7 @@ from handlers.session.transport import Disconnected, Prefaced, Transport
 from server.auth import AccessPolicy, warn_if_open
 from server.client_secrets import ClientSecrets
 from server.streams.delivery import DeliveryLimits, Sender
+from server.streams.mqtt import MqttLink
 from server.streams.outbox import Outbox
 from server.streams.registry import Streams, add_stream_routes, load_streams_file
 from server.streams.stream import StreamLimits
@@ -184,6 +185,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 tg.start_soon(metrics.watch_event_loop)
                 calls.tg = streams.tg = tg
                 tg.start_soon(sender.run)
+                if mqtt is not None:
+                    tg.start_soon(mqtt.run)
                 for stream_settings in given_streams:
                     streams.create(stream_settings, "")
                 if app.state.memory is not None:
@@ -250,7 +253,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "streams": {"streams": len(streams.streams),
                             "states": dict(Counter(s.state for s in streams.streams.values())),
                             "delivered": sender.delivered, "failed_tries": sender.failed_tries,
-                            "given_up": sender.given_up},
+                            "given_up": sender.given_up,
+                            "mqtt": None if mqtt is None else {"connected": mqtt.connected.is_set(),
+                                                               "connects": mqtt.connects, "published": mqtt.published}},
                 "engine": app.state.engine.stats(),
                 "kv_cache_tokens": app.state.engine.kv_cache_tokens(),
             }
@@ -336,12 +341,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     given_streams = load_streams_file(settings.streams) if settings.streams is not None else []
     outbox = Outbox(settings.data_dir / "streams.sqlite3", settings.stream_max_events)
+    mqtt = MqttLink(settings.mqtt_url, settings.mqtt_discovery_prefix) if settings.mqtt_url else None
     sender = Sender(outbox, DeliveryLimits(settings.webhook_timeout_s, settings.webhook_max_age_s, 1.0,
-                                           settings.webhook_max_retry_s, settings.webhook_concurrency))
+                                           settings.webhook_max_retry_s, settings.webhook_concurrency),
+                    mqtt.deliver if mqtt is not None else None)
     stream_limits = StreamLimits(settings.stream_max_pending_frames, settings.stream_frame_side,
                                  settings.stream_open_timeout_s, settings.stream_read_timeout_s, 1.0,
                                  settings.stream_retry_max_s, settings.stream_max_lookback_s)
-    streams = Streams(outbox, stream_limits, settings.max_streams, serve_stream, settings.max_message_bytes)
+    streams = Streams(outbox, stream_limits, settings.max_streams, serve_stream, settings.max_message_bytes, mqtt)
     app.state.streams, app.state.sender = streams, sender
     add_stream_routes(app, streams, access, lambda: app.state.draining)
 

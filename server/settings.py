@@ -365,6 +365,10 @@ class Settings(BaseSettings):
         300.0, ge=1, le=86_400, description="the longest wait between a delivery's tries (doubling from 1 s, with jitter)"
     )
     webhook_concurrency: int = Field(8, ge=1, le=1000, description="deliveries in flight at once")
+    mqtt_url: str | None = Field(None, description="the MQTT broker streams publish to: mqtt://[user:password@]host[:port]")
+    mqtt_discovery_prefix: str = Field(
+        "homeassistant", min_length=1, max_length=200, description="Home Assistant's MQTT discovery prefix"
+    )
 
     # Access control (off when api_keys is empty).
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(

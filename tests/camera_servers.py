@@ -128,3 +128,28 @@ def _serving(handler: Any) -> Iterator[str]:
     finally:
         http.shutdown()
         http.server_close()
+
+
+MOSQUITTO = Path("/usr/sbin/mosquitto")
+
+
+@contextmanager
+def mosquitto() -> Iterator[str]:
+    """Debian's Mosquitto on a free port of 127.0.0.1 (anonymous, in memory); yields its
+    ``mqtt://`` URL. Fails (never skips) without it."""
+    assert MOSQUITTO.exists(), "Mosquitto is missing: make setup installs it (apt-get install mosquitto)"
+    port = free_port()
+    proc = subprocess.Popen([str(MOSQUITTO), "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "Mosquitto did not start"
+                time.sleep(0.05)
+        yield f"mqtt://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)

@@ -29,6 +29,7 @@ from handlers.wire.client_events import parse_client_event
 from handlers.wire.errors import SessionError
 from server.auth import AccessPolicy
 from server.streams.delivery import payload
+from server.streams.mqtt import MqttLink
 from server.streams.outbox import Outbox
 from server.streams.source import checked_url
 from server.streams.stream import ServeSession, Stream, StreamLimits, StreamSettings
@@ -105,8 +106,11 @@ class Streams:
     """The server's streams by id (``tg``: the server's task group, set while it serves)."""
 
     def __init__(self, outbox: Outbox, limits: StreamLimits, max_streams: int, serve: ServeSession,
-                 max_message_bytes: int | None = None) -> None:
+                 max_message_bytes: int | None = None, mqtt: MqttLink | None = None) -> None:
         self.outbox = outbox
+        self.mqtt = mqtt
+        if mqtt is not None:
+            mqtt.on_connect = self.announce
         self.limits = limits
         self.max_streams = max_streams
         self.serve = serve
@@ -119,8 +123,9 @@ class Streams:
         assert self.tg is not None, "the server is not serving"
         if len(self.streams) >= self.max_streams:
             raise OverflowError(f"the server pulls at most {self.max_streams} streams")
+        self.check_delivery(settings.deliver)
         stream = Stream("str_" + secrets.token_hex(8), settings, owner, self.limits, self.outbox,
-                        self.max_message_bytes)
+                        self.max_message_bytes, self.mqtt)
         self.streams[stream.stream_id] = stream
         self.tg.start_soon(self._run, stream)
         return stream
@@ -131,6 +136,16 @@ class Streams:
         except Exception:  # noqa: BLE001 - one stream's failure must not end the server
             log.exception("stream %s failed", stream.stream_id)
             stream.state = "failed"
+
+    def check_delivery(self, deliver: dict[str, Any]) -> None:
+        """Raises ``ValueError`` for a channel this server cannot deliver to."""
+        if deliver.get("mqtt") and self.mqtt is None:
+            raise ValueError("deliver.mqtt: this server has no MQTT broker (set mqtt_url)")
+
+    async def announce(self) -> None:
+        """Every stream's watches over MQTT (the broker has just connected)."""
+        for stream in list(self.streams.values()):
+            await stream.announce()
 
     def get(self, stream_id: str, owner: str) -> Stream | None:
         stream = self.streams.get(stream_id)
@@ -152,7 +167,10 @@ class Streams:
                 stream.transport.control({"type": "watch.create", **watch})
             stream.settings.watches = list(patch.watches)
         if patch.deliver is not None:
-            stream.settings.deliver = patch.deliver.model_dump(exclude_none=True)
+            deliver = patch.deliver.model_dump(exclude_none=True)
+            self.check_delivery(deliver)
+            stream.settings.deliver = deliver
+            stream.announce_soon()
 
     def stop_all(self) -> None:
         for stream in self.streams.values():
@@ -224,6 +242,8 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
             stream = streams.create(settings, owner)
         except OverflowError as exc:
             return _error(429, "too_many_streams", str(exc))
+        except ValueError as exc:
+            return _error(400, "invalid_stream", str(exc))
         return JSONResponse(stream.status(), status_code=201,
                             headers={"Location": f"{STREAMS_PATH}/{stream.stream_id}"})
 

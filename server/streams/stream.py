@@ -32,6 +32,7 @@ from handlers.core import events as ev
 from handlers.session.transport import Decoded, Disconnected, Transport
 from handlers.wire.client_events import VideoFrame
 from handlers.wire.codec import V1Codec, WireCodec
+from server.streams.mqtt import MqttLink
 from server.streams.outbox import Outbox
 from server.streams.source import SourceCounts, SourceError, SourceFrame, SourceSpec, read_source
 
@@ -149,8 +150,9 @@ class Stream:
     """One stream from its creation to its deletion (``run`` in the streams' task group)."""
 
     def __init__(self, stream_id: str, settings: StreamSettings, owner: str, limits: StreamLimits,
-                 outbox: Outbox, max_message_bytes: int | None = None) -> None:
+                 outbox: Outbox, max_message_bytes: int | None = None, mqtt: MqttLink | None = None) -> None:
         self.stream_id = stream_id
+        self.mqtt = mqtt
         self.settings = settings
         self.owner = owner
         self.limits = limits
@@ -261,17 +263,25 @@ class Stream:
 
     # ------------------------------------------------------------------ what the session says
     def saw(self, event: ev.Event) -> None:
-        """An event of the session on its way out: fires and narrations go to the outbox."""
+        """An event of the session on its way out: fires, clears and narrations go to the
+        outbox; a change of the watches is announced over MQTT."""
         if isinstance(event, ev.SessionReady):
             for watch in event.config.get("watches") or []:
                 self.conditions[str(watch.get("watch_id"))] = str(watch.get("condition", ""))
+            self.announce_soon()
         elif isinstance(event, (ev.WatchCreated, ev.WatchUpdated)):
             watch = event.watch
             self.conditions[str(watch.get("watch_id"))] = str(watch.get("condition", ""))
+            self.announce_soon()
         elif isinstance(event, ev.WatchDeleted):
             self.conditions.pop(event.watch_id, None)
         elif isinstance(event, ev.WatchFired):
             self._keep_fire(event)
+        elif isinstance(event, ev.WatchCleared) and self._tg is not None:
+            self._tg.start_soon(self._keep, "watch.cleared", {
+                "stream_name": self.settings.name, "watch_id": event.watch_id,
+                "condition": self.conditions.get(event.watch_id), "probability": event.probability,
+                "frame_id": event.frame_id}, [])
         elif isinstance(event, ev.AnswerStarted) and event.trigger is not None:
             self._spoken[event.request_id] = {"watch_id": event.trigger.watch_id, "text": ""}
         elif isinstance(event, ev.AnswerTextDone) and event.request_id in self._spoken:
@@ -284,6 +294,21 @@ class Stream:
                 self._tg.start_soon(self._keep, "watch.narration", {
                     "stream_name": self.settings.name, "watch_id": watch_id,
                     "condition": self.conditions.get(watch_id), "text": spoken["text"]}, [])
+
+    def announce_soon(self) -> None:
+        if self._tg is not None and self.mqtt is not None and self.settings.deliver.get("mqtt"):
+            self._tg.start_soon(self.announce)
+
+    async def announce(self) -> None:
+        """The stream's watches as Home Assistant binary sensors (best effort: announced again
+        at each connect of the broker)."""
+        target = self.settings.deliver.get("mqtt")
+        if self.mqtt is None or not target:
+            return
+        try:
+            await self.mqtt.discover(self.stream_id, self.settings.name, str(target["topic"]), dict(self.conditions))
+        except Exception as exc:  # noqa: BLE001 - the broker is away: the next connect announces it
+            log.info("stream %s: watches not announced over MQTT: %s", self.stream_id, exc)
 
     def _keep_fire(self, fired: ev.WatchFired) -> None:
         """A fire with its evidence: the frame that fired, then the lookback before it (newest first)."""

@@ -1,9 +1,11 @@
 """Cameras the server pulls itself (``/v1/streams``), on the colours demo model through the
 real server: a clip of a red, then grey, then red screen, read from a file as a camera;
 the red watch fires twice; each fire and narration goes to a real webhook receiver (which
-fails three times first) signed and once per idempotency key, and to Server-Sent Events
-resumable with ``Last-Event-ID``; the evidence frames are the red screen. Bad sources are
-refused or fail in the stream's state; a source that never answers is retried, not waited on."""
+fails three times first) signed and once per idempotency key, to a real MQTT broker (Debian's
+Mosquitto, with Home Assistant discovery) and to Server-Sent Events resumable with
+``Last-Event-ID``; the evidence frames are the red screen. A delivery pending when the server
+stops is made by the next one. Bad sources are refused or fail in the stream's state; a source
+that never answers is retried, not waited on."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from server.background import RunningServer, run_server
 from server.bench.footage import write_colour_clip
 from server.settings import Settings
 from server.streams.delivery import verify
+from tests.camera_servers import free_port, mosquitto
 from tests.colours_models import ShippedModels
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,12 +85,41 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+class Subscriber:
+    """An MQTT client of the broker holding every message it hears (topic, payload, retained)."""
+
+    def __init__(self, url: str) -> None:
+        import paho.mqtt.client as mqtt
+
+        host, port = url.removeprefix("mqtt://").split(":")
+        self.messages: list[tuple[str, bytes, bool]] = []
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        self.client.on_message = lambda client, data, m: self.messages.append((m.topic, m.payload, bool(m.retain)))
+        self.client.connect(host, int(port))
+        self.client.subscribe("#", qos=1)
+        self.client.loop_start()
+
+    def on(self, topic: str) -> list[bytes]:
+        return [payload for t, payload, _ in list(self.messages) if t == topic]
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
 @pytest.fixture(scope="module")
-def demo_server(colours_models: ShippedModels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def broker() -> Iterator[str]:
+    with mosquitto() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def demo_server(colours_models: ShippedModels, tmp_path_factory: pytest.TempPathFactory,
+                broker: str) -> Iterator[RunningServer]:
     model = colours_models.get("qwen2_5_vl").path
     settings = Settings(model=str(model), resume_grace_s=0, data_dir=tmp_path_factory.mktemp("data"),
                         api_keys=["key-a", "key-b"], max_streams=4, stream_open_timeout_s=1.0,
-                        stream_read_timeout_s=1.0, stream_retry_max_s=2.0)
+                        stream_read_timeout_s=1.0, stream_retry_max_s=2.0, mqtt_url=broker)
     with run_server(settings) as running:
         yield running
 
@@ -129,17 +161,19 @@ def _sse(server: RunningServer, stream_id: str, last_event_id: int, count: int) 
 
 
 def test_a_file_camera_fires_twice_delivered_signed_once_per_key_with_evidence_and_sse(
-        demo_server: RunningServer, clip: Path) -> None:
+        demo_server: RunningServer, clip: Path, broker: str) -> None:
     """The clip (red, grey, red) fires the red watch twice; the receiver fails three times,
-    then takes each fire and narration once per event id, every try signed; the evidence is the
-    red frame (and the grey ones before it); SSE gives them all, and resumes after an id."""
+    then takes each fire and narration once per event id, every try signed; the same events
+    reach MQTT with the watch's state and its Home Assistant sensor; the evidence is the red
+    frame (and the grey ones before it); SSE gives them all, and resumes after an id."""
     receiver = Receiver(failures=3)
+    subscriber = Subscriber(broker)
     try:
         with _http(demo_server) as http:
             created = http.post("/v1/streams", json={
                 "source": f"file://{clip}", "name": "door", "fps": 2, "lookback_s": 1.5,
                 "config": {"sampling": {"max_tokens": 4}}, "watches": [RED_WATCH],
-                "deliver": {"webhook": {"url": receiver.url, "secret": SECRET}}})
+                "deliver": {"webhook": {"url": receiver.url, "secret": SECRET}, "mqtt": {"topic": "livesight/door"}}})
             assert created.status_code == 201, created.text
             stream_id = created.json()["stream_id"]
             assert created.headers["location"] == f"/v1/streams/{stream_id}"
@@ -158,7 +192,9 @@ def test_a_file_camera_fires_twice_delivered_signed_once_per_key_with_evidence_a
             taken = receiver.accepted()
             assert all(r["signed"] for r in receiver.requests), receiver.requests
             assert sum(r["status"] == 500 for r in receiver.requests) == 3
-            assert len(taken) == 4 == len({r["event_id"] for r in receiver.requests})  # retried under one key each
+            kinds = sorted(r["body"]["type"] for r in taken.values())
+            assert kinds == ["watch.cleared", "watch.fired", "watch.fired", "watch.narration", "watch.narration"], kinds
+            assert len({r["event_id"] for r in receiver.requests}) == 5  # retried under one key each
             first, second = sorted(fires(), key=lambda b: b["seq"])
             assert first["watch_id"] == "red" and first["condition"] == "Is the screen red?"
             assert first["stream_id"] == stream_id and first["stream_name"] == "door"
@@ -171,19 +207,29 @@ def test_a_file_camera_fires_twice_delivered_signed_once_per_key_with_evidence_a
             assert len(second["evidence"]["lookback"]) >= 2  # the grey frames before the red came back
             assert http.get(second["evidence"]["lookback"][-1],
                             headers={"Authorization": "Bearer key-b"}).status_code == 404
-            assert http.get(f"/v1/streams/{stream_id}").json()["deliveries"] == {"delivered": 4}
+            assert http.get(f"/v1/streams/{stream_id}").json()["deliveries"] == {"delivered": 10}  # webhook + MQTT
 
-            everything = _sse(demo_server, stream_id, 0, 4)
+            fired = _wait(lambda: len(subscriber.on("livesight/door/red/fired")) == 2 and
+                          subscriber.on("livesight/door/red/fired"), 30, "two fires over MQTT")
+            assert sorted(json.loads(m)["id"] for m in fired) == sorted(f["id"] for f in (first, second))
+            assert subscriber.on("livesight/door/red/state") == [b"ON", b"OFF", b"ON"]
+            assert len(subscriber.on("livesight/door/red/narration")) == 2
+            config = json.loads(subscriber.on(f"homeassistant/binary_sensor/livesight_{stream_id}_red/config")[0])
+            assert config["name"] == "Is the screen red?" and config["state_topic"] == "livesight/door/red/state"
+            assert config["device"]["name"] == "door"
+
+            everything = _sse(demo_server, stream_id, 0, 5)
             assert [e["event"] for e in everything].count("watch.fired") == 2
             assert [e["data"]["id"] for e in everything] == [e["data"]["id"] for e in
                                                              sorted(everything, key=lambda e: e["id"])]
-            rest = _sse(demo_server, stream_id, everything[0]["id"], 3)
+            rest = _sse(demo_server, stream_id, everything[0]["id"], 4)
             assert [e["id"] for e in rest] == [e["id"] for e in everything[1:]]  # resumed after the one seen
 
             assert http.delete(f"/v1/streams/{stream_id}").status_code == 204
             assert http.get(f"/v1/streams/{stream_id}").status_code == 404
             assert http.get(first["evidence"]["frame"]).status_code == 404
     finally:
+        subscriber.close()
         receiver.close()
 
 
@@ -232,3 +278,35 @@ def test_bad_sources_are_refused_or_fail_and_a_silent_one_is_retried_not_waited_
             assert metrics["streams"] == 0, metrics
     finally:
         silent.close()
+
+
+def test_deliveries_pending_when_the_server_stops_are_made_by_the_next_one(
+        tiny_model_dir: Path, clip: Path, tmp_path: Path) -> None:
+    """The webhook's receiver is down while a stream fires (a watch the random model always
+    fires at threshold 0): the events wait in the outbox; the server stops; the next server on
+    the same data directory delivers each of them once the receiver is up, signed, with the
+    same idempotency keys, and no other."""
+    port = free_port()
+    settings = Settings(model=str(tiny_model_dir), resume_grace_s=0, data_dir=tmp_path / "data",
+                        webhook_max_retry_s=1.0)
+    with run_server(settings) as first, httpx.Client(base_url=first.http_url, timeout=30) as http:
+        stream_id = http.post("/v1/streams", json={
+            "source": f"file://{clip}", "fps": 2, "config": {"sampling": {"max_tokens": 2}},
+            "watches": [{"watch_id": "any", "condition": "Is there a screen?", "threshold": 0, "clear_threshold": 0}],
+            "deliver": {"webhook": {"url": f"http://127.0.0.1:{port}/hook", "secret": SECRET}}}).json()["stream_id"]
+        pending = _wait(lambda: (d := http.get(f"/v1/streams/{stream_id}").json()["deliveries"]).get("pending", 0) >= 2
+                        and d, 60, "deliveries waiting for the receiver")
+        assert "delivered" not in pending
+    receiver = Receiver(failures=0)
+    receiver.http.server_close()
+    receiver.http = ThreadingHTTPServer(("127.0.0.1", port), receiver.http.RequestHandlerClass)
+    threading.Thread(target=receiver.http.serve_forever, daemon=True).start()
+    try:
+        with run_server(settings):
+            taken = _wait(lambda: len(receiver.accepted()) >= pending["pending"] and receiver.accepted(), 60,
+                          "the pending deliveries made by the next server")
+        assert all(r["signed"] for r in receiver.requests)
+        assert len(receiver.requests) == len(taken)  # each once
+        assert {r["body"]["stream_id"] for r in taken.values()} == {stream_id}
+    finally:
+        receiver.close()
