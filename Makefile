@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed
 # Debian packages the test suite drives (a real Chromium for the browser test, docker-compose
 # for the compose files' checks, HAProxy for the routing tests, a PostgreSQL server started per
 # run for the memory store's tests: tests/postgres_server.py; GStreamer's RTSP server, run by
-# the system Python, as the stream tests' camera: tests/rtsp_camera.py; Mosquitto as their
-# MQTT broker: tests/camera_servers.py).
+# the system Python, as the stream tests' camera: server/bench/rtsp_camera.py; Mosquitto as their
+# MQTT broker: server/bench/camera_servers.py).
 APT_PACKAGES := chromium docker-compose haproxy postgresql mosquitto \
 	python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-bad

@@ -14,7 +14,7 @@ import simplejpeg
 
 from server.background import RunningServer
 from server.bench.footage import write_colour_clip
-from tests.camera_servers import RtspCamera, hls_camera, mjpeg_camera
+from server.bench.camera_servers import RtspCamera, hls_camera, mjpeg_camera
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,23 +11,19 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import simplejpeg
 
 from server.background import RunningServer, run_server
 from server.bench.footage import write_colour_clip
+from server.bench.camera_servers import WebhookReceiver, free_port, mosquitto
 from server.settings import Settings
-from server.streams.delivery import verify
-from tests.camera_servers import free_port, mosquitto
 from tests.colours_models import ShippedModels
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,47 +31,6 @@ pytestmark = pytest.mark.timeout(300)
 SECRET = "whsec-test-secret"
 RED_WATCH = {"watch_id": "red", "condition": "Is the screen red?", "cooldown_s": 0}
 SCENES = [("red", 3.0), ("grey", 4.0), ("red", 3.0)]
-
-
-class Receiver:
-    """A webhook receiver: answers 500 to its first ``failures`` requests, then 200; keeps
-    every request (headers, body, whether its signature checks out)."""
-
-    def __init__(self, failures: int) -> None:
-        receiver = self
-        self.failures = failures
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                with receiver.lock:
-                    failing = receiver.failures > 0
-                    receiver.failures -= failing
-                    receiver.requests.append({
-                        "at": time.monotonic(), "event_id": self.headers.get("livesight-event-id"),
-                        "signed": verify(SECRET, self.headers.get("livesight-signature", ""), body),
-                        "body": json.loads(body), "status": 500 if failing else 200})
-                self.send_response(500 if failing else 200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def accepted(self) -> dict[str, dict[str, Any]]:
-        """The events taken (200), by event id."""
-        with self.lock:
-            return {r["event_id"]: r for r in self.requests if r["status"] == 200}
-
-    def close(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +121,7 @@ def test_a_file_camera_fires_twice_delivered_signed_once_per_key_with_evidence_a
     then takes each fire and narration once per event id, every try signed; the same events
     reach MQTT with the watch's state and its Home Assistant sensor; the evidence is the red
     frame (and the grey ones before it); SSE gives them all, and resumes after an id."""
-    receiver = Receiver(failures=3)
+    receiver = WebhookReceiver(SECRET, failures=3)
     subscriber = Subscriber(broker)
     try:
         with _http(demo_server) as http:
@@ -297,10 +252,7 @@ def test_deliveries_pending_when_the_server_stops_are_made_by_the_next_one(
         pending = _wait(lambda: (d := http.get(f"/v1/streams/{stream_id}").json()["deliveries"]).get("pending", 0) >= 2
                         and d, 60, "deliveries waiting for the receiver")
         assert "delivered" not in pending
-    receiver = Receiver(failures=0)
-    receiver.http.server_close()
-    receiver.http = ThreadingHTTPServer(("127.0.0.1", port), receiver.http.RequestHandlerClass)
-    threading.Thread(target=receiver.http.serve_forever, daemon=True).start()
+    receiver = WebhookReceiver(SECRET, port=port)
     try:
         with run_server(settings):
             taken = _wait(lambda: len(receiver.accepted()) >= pending["pending"] and receiver.accepted(), 60,

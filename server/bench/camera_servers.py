@@ -1,11 +1,12 @@
-"""Cameras for the stream tests, each a real server on 127.0.0.1: an RTSP camera (Debian's
-GStreamer RTSP server, ``tests/rtsp_camera.py``), an HTTP MJPEG camera, and HLS written by
-FFmpeg (PyAV's muxer) and served over HTTP. Each is a context manager that leaves nothing
-behind."""
+"""What the stream tests and ``bench cameras`` run against, each a real server on 127.0.0.1:
+an RTSP camera (Debian's GStreamer RTSP server, ``rtsp_camera.py``), an HTTP MJPEG camera,
+HLS written by FFmpeg (PyAV's muxer) and served over HTTP, Debian's Mosquitto, and a webhook
+receiver. Each leaves nothing behind."""
 
 from __future__ import annotations
 
 import functools
+import json
 import socket
 import subprocess
 import threading
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from server.streams.delivery import verify
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 RTSP_SCRIPT = Path(__file__).resolve().parent / "rtsp_camera.py"
@@ -153,3 +156,43 @@ def mosquitto() -> Iterator[str]:
     finally:
         proc.kill()
         proc.communicate(timeout=10)
+
+
+class WebhookReceiver:
+    """A webhook receiver: answers 500 to its first ``failures`` requests, then 200; keeps
+    every request (arrival ``time.time()``, event id, whether its signature checks out with
+    ``secret``, body, status). ``port`` 0: a free one."""
+
+    def __init__(self, secret: str, failures: int = 0, port: int = 0) -> None:
+        receiver = self
+        self.failures = failures
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+        class Handler(_Quiet):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver.lock:
+                    failing = receiver.failures > 0
+                    receiver.failures -= failing
+                    receiver.requests.append({
+                        "at": time.time(), "event_id": self.headers.get("livesight-event-id"),
+                        "signed": verify(secret, self.headers.get("livesight-signature", ""), body),
+                        "body": json.loads(body), "status": 500 if failing else 200})
+                self.send_response(500 if failing else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def accepted(self) -> dict[str, dict[str, Any]]:
+        """The events taken (200), by event id."""
+        with self.lock:
+            return {r["event_id"]: r for r in self.requests if r["status"] == 200}
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
