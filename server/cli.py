@@ -280,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     p_webrtc.add_argument("--sessions", type=int, default=20, help="calls (then WebSocket sessions)")
     p_webrtc.add_argument("--seconds", type=float, default=30.0, help="how long each transport streams")
 
+    p_cameras = bench_sub.add_parser("cameras", help="RTSP cameras pulled by the server, each with an alert watch "
+                                     "delivered to a webhook: CPU per stream, decision latency, fires, memory")
+    p_cameras.add_argument("--streams", type=int, default=20, help="RTSP cameras (25 fps, sampled at 2)")
+    p_cameras.add_argument("--seconds", type=float, default=60.0, help="how long the cameras are watched")
+    p_cameras.add_argument("--size", default="640x480", help="the cameras' picture, WIDTHxHEIGHT")
+
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
 
@@ -358,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory() as folder:
                 run_long(args.engine, args.model, args.minutes, args.fps, args.ask_every_s, args.max_frames, Path(folder))
+        elif args.bench == "cameras":
+            from server.bench.cameras import bench_cameras
+
+            width, _, height = args.size.partition("x")
+            bench_cameras(args.streams, args.seconds, (int(width), int(height)))
         elif args.bench == "webrtc":
             from server.bench.webrtc import bench_webrtc
 
