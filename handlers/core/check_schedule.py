@@ -10,6 +10,12 @@ Pure: times are passed in (seconds on the caller's monotonic clock).
 from __future__ import annotations
 
 
+#: Accepted frames left unchecked, one after another, after which a round goes before the
+#: session's next prefill (it warms what it adds itself): with more sessions than the model
+#: keeps up with, every prefill would find a newer frame and the checks would never run.
+OVERDUE_FRAMES = 2
+
+
 class CheckSchedule:
     """One session's check rounds: ``due`` says when the next may run; ``started`` and
     ``ended`` bracket each; ``skipped`` counts the frames no round looked at."""
@@ -34,6 +40,11 @@ class CheckSchedule:
         if self._last_s is None:
             return 0.0
         return max(0.0, self._last_s + self.min_interval_s - now_s)
+
+    @property
+    def overdue(self) -> bool:
+        """True when ``OVERDUE_FRAMES`` accepted frames in a row went unchecked and another waits."""
+        return self._unchecked and self._skipped >= OVERDUE_FRAMES
 
     def started(self, now_s: float) -> None:
         """A round starts over the newest frame."""

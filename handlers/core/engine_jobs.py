@@ -36,7 +36,9 @@ class EngineJobs:
             return self._set_timer(idle_at)
         later = [] if idle_at is None else [idle_at]  # when something waiting may run
         pace = state.capabilities.warm_interval_s
-        if self.warm_prefix and slot.behind:
+        wait = state.check_due(now.s) if self._checks else None
+        overdue = wait == 0 and state.check_overdue()  # the round warms the new frames itself
+        if self.warm_prefix and slot.behind and not overdue:
             if self._warmed_at + pace > now.s:  # paced: checks may run meanwhile
                 later.append(self._warmed_at + pace)
             elif (step := state.next_warm()) is None:
@@ -45,7 +47,6 @@ class EngineJobs:
                 slot.warm()
                 self._job, self._warmed_at = step, now.s
                 return [Prefill(step)]
-        wait = state.check_due(now.s) if self._checks else None
         if wait == 0:
             step = state.next_check(now.s)
             if step is not None:

@@ -378,6 +378,10 @@ class SessionCore(Hearing, Planning, TimelinePrompts, WindowSlide):
         the seconds to wait before one may run (0: now). ``now_s``: the caller's monotonic clock."""
         return self.check_rounds.due(now_s) if len(self.watches) else None
 
+    def check_overdue(self) -> bool:
+        """True when a round should go before the next prefill (``check_schedule.OVERDUE_FRAMES``)."""
+        return bool(len(self.watches)) and self.check_rounds.overdue
+
     def next_check(self, now_s: float) -> CheckStep | None:
         """The round of checks due now over the warm prefix (its frames pinned until
         ``checked``), or None when the timeline holds no frame yet. A paced engine's prefix may

@@ -15,7 +15,9 @@ thread may not take its priority back (no CAP_SYS_NICE), it does not lower it at
 
 Jobs run one at a time, by ``Priority`` (the steps of answers first, then those of warm
 prefixes, then watch checks), each priority in the order its jobs were given: a question waits
-for the step under way, never behind a queue of other sessions' warmups and checks. A caller
+for the step under way, never behind a queue of other sessions' warmups and checks. A check
+that has waited ``CHECK_AGE_S`` takes its turn with the warm prefixes, in the order given:
+with more sessions warming than the model keeps up with (many cameras), checks still run. A caller
 that is cancelled while its job runs waits for the job to finish (a model step cannot be
 stopped half-way), then the cancellation takes effect at the caller's next checkpoint; a
 job that has not started when its caller is cancelled is dropped, so a cancelled warmup or
@@ -25,12 +27,11 @@ check never keeps its session waiting behind other sessions' answers.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -53,6 +54,9 @@ class Priority(IntEnum):
     CHECK = 2  # a watch check's steps
     STOP = 3  # closing: after every job given before it at a higher priority
 
+
+#: How long a check waits behind warm prefixes before it goes in turn with them.
+CHECK_AGE_S = 0.5
 
 #: How often a yielding model thread looks again.
 YIELD_POLL_S = 0.0005
@@ -130,8 +134,8 @@ class ModelThread:
         self.start_workers = start_workers
         self.native_id: int | None = None
         self.workers_nice: int | None = None  # the compute threads' nice value, once started
-        self._jobs: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
-        self._order = itertools.count()  # ties within a priority go in the order given
+        self._waiting: dict[Priority, deque[tuple[float, Any]]] = {p: deque() for p in Priority}
+        self._ready = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # a job's state: taken by the thread, or dropped by its caller
 
@@ -147,7 +151,7 @@ class ModelThread:
         except Exception:  # the jobs still run; only the priorities are as they were
             log.exception("starting the model's workers failed")
         while True:
-            _, _, job = self._jobs.get()
+            job = self._take()
             if job is _STOP:
                 return
             with self._lock:
@@ -161,6 +165,26 @@ class ModelThread:
                 _settle_soon(job.loop, job.future, None, exc)
             else:
                 _settle_soon(job.loop, job.future, result, None)
+
+    def _take(self) -> Any:
+        """The next job: answers first; then warm prefixes, unless the oldest check has waited
+        ``CHECK_AGE_S`` and is older than the oldest warm prefix; then checks; then the stop."""
+        with self._ready:
+            while not any(self._waiting.values()):
+                self._ready.wait()
+            answers, warm, checks = (self._waiting[p] for p in (Priority.ANSWER, Priority.WARMUP, Priority.CHECK))
+            if answers:
+                return answers.popleft()[1]
+            if checks and (not warm or (time.monotonic() - checks[0][0] >= CHECK_AGE_S and checks[0][0] < warm[0][0])):
+                return checks.popleft()[1]
+            if warm:
+                return warm.popleft()[1]
+            return self._waiting[Priority.STOP].popleft()[1]
+
+    def _put(self, priority: Priority, job: Any) -> None:
+        with self._ready:
+            self._waiting[priority].append((time.monotonic(), job))
+            self._ready.notify()
 
     def _give_way(self) -> None:
         """Before a step: while ``yield_to`` says other work is waiting (frames being
@@ -179,7 +203,7 @@ class ModelThread:
         self._ensure_started()
         loop = asyncio.get_running_loop()
         job = _Job(fn, args, loop, loop.create_future())
-        self._jobs.put((priority, next(self._order), job))
+        self._put(priority, job)
         try:
             await asyncio.wait([job.future])
         except BaseException:  # cancelled
@@ -198,7 +222,7 @@ class ModelThread:
         that exits does not wait for it); returns it, for a caller that will join it."""
         thread, self._thread = self._thread, None
         if thread is not None:
-            self._jobs.put((Priority.STOP, next(self._order), _STOP))
+            self._put(Priority.STOP, _STOP)
         return thread
 
 

@@ -3,9 +3,8 @@
 
 ``read_source`` opens the source, decodes its video and hands ``sampled`` frames to ``put``:
 one per ``1 / fps`` of the stream's own time (``webrtc.media.Sampler``), each scaled to at
-most ``max_side`` and encoded as JPEG; the frames in between are decoded (a video's frames
-depend on each other) but never converted, and frames no other frame refers to are not even
-decoded. A file or HTTP feed is paced at its own rate (it plays as a camera would); a file
+most ``max_side`` and encoded as JPEG; the frames a sample needs (its keyframe and those
+between) are decoded but never converted, and the others not even decoded (``GopSkip``). A file or HTTP feed is paced at its own rate (it plays as a camera would); a file
 starts over at its end when looped. FFmpeg's own timeouts bound the open and every read, so a camera that
 never answers or stops sending raises ``SourceError`` instead of hanging.
 """
@@ -14,9 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from server.webrtc.media import Sampler, frame_jpeg
@@ -48,6 +49,7 @@ class SourceCounts:
 
     decoded: int = 0
     sampled: int = 0
+    skipped: int = 0  # packets no sampled frame needed, never decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,48 @@ def read_source(spec: SourceSpec, put: Callable[[SourceFrame], None], stop: thre
         offset_s = end_s
 
 
+class GopSkip:
+    """Which packets of a video need decoding for the sampled frames. A frame needs its
+    keyframe and every frame between; so a keyframe is decoded when the next one is not due
+    before the next sample (each keyframe's interval is learnt from the packets, the longest
+    of the last few), and after a sample the frames up to the next keyframe are skipped when
+    that keyframe comes before the next sample. At 2 fps, a camera with a keyframe every
+    0.5 s has only its keyframes decoded; one every second, about half its frames. Packets
+    without times are all decoded."""
+
+    KEPT_INTERVALS = 4
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.last_key: float | None = None
+        self.intervals: deque[float] = deque(maxlen=self.KEPT_INTERVALS)
+        self.decoding = True
+
+    @property
+    def gop(self) -> float | None:
+        return max(self.intervals) if self.intervals else None
+
+    def need(self, at_s: float | None, key: bool) -> bool:
+        if at_s is None:
+            return True
+        due, gop = self.sampler.next_due, self.gop
+        if key:
+            if self.last_key is not None and at_s > self.last_key:
+                self.intervals.append(at_s - self.last_key)
+            self.last_key = at_s
+            if due is not None and gop is not None and at_s + gop <= due - 1e-3:
+                self.decoding = False  # another keyframe comes before the sample
+                return False
+            self.decoding = True
+        return self.decoding
+
+    def sampled(self) -> None:
+        """A frame was kept: skip to the next keyframe if it comes before the next sample."""
+        due, gop = self.sampler.next_due, self.gop
+        if due is not None and gop is not None and self.last_key is not None and self.last_key + gop <= due + 1e-3:
+            self.decoding = False
+
+
 def _decode(container: object, spec: SourceSpec, sampler: Sampler, offset_s: float,
             put: Callable[[SourceFrame], None], stop: threading.Event, on_open: Callable[[], None],
             counts: SourceCounts) -> float:
@@ -141,7 +185,7 @@ def _decode(container: object, spec: SourceSpec, sampler: Sampler, offset_s: flo
         raise SourceError("the source has no video", final=True)
     stream = container.streams.video[0]  # type: ignore[attr-defined]
     stream.codec_context.skip_frame = "NONREF"  # frames no other frame needs are not decoded
-    stream.thread_type = "AUTO"
+    stream.thread_type = "NONE"  # one thread a stream: many streams share the cores better than threads per frame
     # A file or an HTTP feed (an HLS playlist, MJPEG) plays at its own rate, as a camera
     # would: neither may run ahead of the wall clock. RTSP is live by nature.
     paced = spec.scheme not in ("rtsp", "rtsps")
@@ -149,8 +193,9 @@ def _decode(container: object, spec: SourceSpec, sampler: Sampler, offset_s: flo
     first: float | None = None
     last_s = offset_s
     on_open()
+    skip = GopSkip(sampler)
     try:
-        for frame in container.decode(stream):  # type: ignore[attr-defined]
+        for frame in _frames(container, stream, skip, counts, offset_s):
             if stop.is_set():
                 break
             counts.decoded += 1
@@ -165,9 +210,30 @@ def _decode(container: object, spec: SourceSpec, sampler: Sampler, offset_s: flo
                     break
             if sampler.keep(at_s):
                 counts.sampled += 1
+                skip.sampled()
                 put(SourceFrame(frame_jpeg(frame, spec.max_side), round(at_s * 1000, 3)))
     except (av.error.FFmpegError, OSError) as exc:
         if not stop.is_set():
             raise SourceError(f"reading the source failed: {exc}") from None
     rate = float(stream.average_rate or 25)
     return last_s + 1.0 / rate
+
+
+def _frames(container: Any, stream: Any, skip: GopSkip, counts: SourceCounts, offset_s: float) -> Iterator[Any]:
+    """The decoded frames of ``stream``, its packets that no sampled frame needs left undecoded
+    (counted in ``counts.skipped``). Packet times are taken on the sampler's clock: from the
+    first packet's, plus ``offset_s``."""
+    first: float | None = None
+    for packet in container.demux(stream):
+        if packet.size == 0:  # the demuxer's end: flush the decoder
+            yield from packet.decode()
+            continue
+        at_s = None
+        if packet.pts is not None and packet.time_base is not None:
+            t = float(packet.pts * packet.time_base)
+            first = t if first is None else first
+            at_s = offset_s + t - first
+        if not skip.need(at_s, packet.is_keyframe):
+            counts.skipped += 1
+            continue
+        yield from packet.decode()

@@ -143,6 +143,8 @@ class StreamCodec(V1Codec):
 
     def encode(self, event: ev.Event) -> list[str]:
         self.stream.saw(event)
+        if not self.stream.transport.listeners:
+            return []  # no client attached: nothing to say it to
         return super().encode(event)
 
 
@@ -180,7 +182,8 @@ class Stream:
         return {
             "stream_id": self.stream_id, "name": s.name, "source": _redacted(s.source), "state": self.state,
             "fps": s.fps, "loop": s.loop, "lookback_s": s.lookback_s,
-            "frames_decoded": self.counts.decoded, "frames_sampled": self.counts.sampled,
+            "frames_decoded": self.counts.decoded, "frames_skipped": self.counts.skipped,
+            "frames_sampled": self.counts.sampled,
             "frames_shed": self.transport.shed, "last_frame_ms": self.last_frame_ms, "connects": self.connects,
             "fires": self.fires, "narrations": self.narrations,
             "watches": [{"watch_id": w, "condition": c} for w, c in self.conditions.items()],

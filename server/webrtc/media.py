@@ -76,6 +76,11 @@ class Sampler:
     def due(self, at_s: float) -> bool:
         return self._next is None or at_s >= self._next
 
+    @property
+    def next_due(self) -> float | None:
+        """The source time from which the next frame is kept (None: the next one is)."""
+        return self._next
+
     def take(self, at_s: float) -> bool:
         """The pump's choice for a decoded frame."""
         if self.gated:

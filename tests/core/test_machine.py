@@ -321,3 +321,16 @@ def _wav(seconds: float) -> bytes:
         w.writeframes(np.zeros(int(24000 * seconds), "<i2").tobytes())
     return out.getvalue()
 
+
+
+def test_a_session_that_never_catches_up_with_its_frames_still_checks_its_watches() -> None:
+    """Frames keep coming while each prefill runs (more cameras than the model keeps up with):
+    once two frames in a row went unchecked, the round goes before the next prefill (it warms
+    the new frames itself) and looks at the newest frame; a session that keeps up prefills first."""
+    core = machine(watches=[RED], enable_frame_filter=False)
+    run = run_core([frame(1, "f1"), frame(2, "f2"), Warm(), frame(3, "f3"), Warm()], core)
+    assert said(run.effects)[-1] == "check"
+    assert run.newest(Check).step.frame.frame_id == "f3"  # type: ignore[attr-defined]
+    steady = machine(watches=[RED], enable_frame_filter=False)
+    run = run_core([frame(1, "f1"), Warm(), Checks({"red": 0.1}), frame(2, "f2")], steady)
+    assert said(run.effects)[-1] == "prefill"

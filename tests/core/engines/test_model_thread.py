@@ -56,6 +56,34 @@ async def test_waiting_jobs_run_by_priority_then_in_order() -> None:
         thread.close()
 
 
+async def test_a_check_that_waited_goes_in_turn_with_the_warmups() -> None:
+    """Behind a stream of warmups (more sessions warming than the model keeps up with), a check
+    that has waited CHECK_AGE_S runs before the warmups given after it, not after all of them;
+    answers still come first."""
+    from server.engines import model_thread
+
+    thread = ModelThread()
+    busy = threading.Event()
+    seen: list[str] = []
+    try:
+        await thread.run(lambda: None)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(thread.run, busy.wait)
+            await anyio.sleep(0.02)
+            tg.start_soon(lambda: thread.run(seen.append, "warm0", priority=Priority.WARMUP))
+            await anyio.sleep(0.01)
+            tg.start_soon(lambda: thread.run(seen.append, "check", priority=Priority.CHECK))
+            await anyio.sleep(model_thread.CHECK_AGE_S + 0.05)
+            for name, priority in [("warm1", Priority.WARMUP), ("answer", Priority.ANSWER)]:
+                tg.start_soon(lambda n=name, p=priority: thread.run(seen.append, n, priority=p))
+                await anyio.sleep(0.01)
+            busy.set()
+        assert seen == ["answer", "warm0", "check", "warm1"]
+    finally:
+        busy.set()
+        thread.close()
+
+
 async def test_cancelled_caller_drops_a_job_that_has_not_started() -> None:
     """A caller cancelled while its job waits behind others returns at once, and the job never
     runs; the jobs around it run as given."""
