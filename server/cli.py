@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p_cameras.add_argument("--streams", type=int, default=20, help="RTSP cameras (25 fps, sampled at 2)")
     p_cameras.add_argument("--seconds", type=float, default=60.0, help="how long the cameras are watched")
     p_cameras.add_argument("--size", default="640x480", help="the cameras' picture, WIDTHxHEIGHT")
+    p_cameras.add_argument("--max-frames", type=int, default=None, help="each stream's window (session max_frames)")
 
     p_stream = sub.add_parser("stream", help="stream a video file or image folder to a server and ask questions")
     _add_stream_flags(p_stream)
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             from server.bench.cameras import bench_cameras
 
             width, _, height = args.size.partition("x")
-            bench_cameras(args.streams, args.seconds, (int(width), int(height)))
+            bench_cameras(args.streams, args.seconds, (int(width), int(height)), args.max_frames)
         elif args.bench == "webrtc":
             from server.bench.webrtc import bench_webrtc
 

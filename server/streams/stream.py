@@ -40,6 +40,8 @@ log = logging.getLogger("livesight.streams")
 
 #: A stream's session hears a ping after this long without a frame (its idle timeout is longer).
 PING_S = 20.0
+#: Seconds of sampled frames kept past the lookback: a fire decided this late still has its frame.
+DECISION_MARGIN_S = 10.0
 #: Errors a stream's status keeps.
 KEPT_ERRORS = 10
 
@@ -170,7 +172,8 @@ class Stream:
         config = {**settings.config, "watches": settings.watches}
         self.transport = StreamTransport(config, limits.max_pending)
         self.codec = StreamCodec(self, max_message_bytes)
-        side = max(1, math.ceil(min(settings.lookback_s, limits.max_lookback_s) * settings.fps) + 2)
+        # the lookback before a fired frame, and that frame still there when a busy model decides late
+        side = max(1, math.ceil((min(settings.lookback_s, limits.max_lookback_s) + DECISION_MARGIN_S) * settings.fps) + 2)
         self._ring: deque[tuple[str, float, bytes]] = deque(maxlen=side)  # (frame id, wall ms, jpeg)
         self._spoken: dict[str, dict[str, Any]] = {}  # a fired watch's answer, by request id
         self._sent = 0
