@@ -95,6 +95,8 @@ SLOWEST_FIRST = (
     "heavy/browser/test_agents_webrtc.py",
     "socket/webrtc/test_calls.py",
     "socket/webrtc/test_webrtc_colours.py",
+    "socket/streams/test_streams.py",
+    "socket/streams/test_stream_sources.py",
     "socket/server/test_session_ws.py",
     "heavy/server/test_fresh_boot.py",
     "heavy/realtime/test_sdk_versions.py",
