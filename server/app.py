@@ -36,6 +36,7 @@ from handlers.session.adapter import Session
 from handlers.session.transport import Disconnected, Prefaced, Transport
 from server.auth import AccessPolicy, warn_if_open
 from server.client_secrets import ClientSecrets
+from server.streams.attach import attach
 from server.streams.delivery import DeliveryLimits, Sender
 from server.streams.mqtt import MqttLink
 from server.streams.outbox import Outbox
@@ -277,7 +278,27 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.websocket(WS_PATH)
     async def stream(ws: WebSocket) -> None:
+        if "stream_id" in ws.query_params:
+            await attach_client(ws)
+            return
         await serve(ws, V1Codec(settings.max_message_bytes), "video_chat")
+
+    async def attach_client(ws: WebSocket) -> None:
+        """A v1 client attached to a stream's session (server/streams/attach.py)."""
+        codec = V1Codec(settings.max_message_bytes)
+        subprotocols = ws.scope.get("subprotocols", [])
+        verdict = access.check(ws.headers, ws.query_params, subprotocols)
+        await ws.accept(subprotocol=verdict.subprotocol)
+        transport = WebSocketTransport(ws, settings.max_message_bytes)
+        if verdict.refusal is not None:
+            metrics.refused(verdict.refusal)
+            await _refuse(transport, verdict.refusal, verdict.message, codec)
+            return
+        found = streams.get(ws.query_params["stream_id"], access.owner(ws.headers, ws.query_params, subprotocols))
+        if found is None:
+            await _refuse(transport, ErrorCode.STREAM_NOT_FOUND, "no such stream (or not one of this key's)", codec)
+            return
+        await attach(found, transport, settings.stream_max_attached_events)
 
     @app.websocket(REALTIME_PATH)
     async def realtime(ws: WebSocket) -> None:

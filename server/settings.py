@@ -357,6 +357,9 @@ class Settings(BaseSettings):
     stream_max_events: int = Field(
         10_000, ge=1, le=10_000_000, description="events (fires, narrations) each stream keeps; the oldest go"
     )
+    stream_max_attached_events: int = Field(
+        1024, ge=16, le=1_000_000, description="events waiting for a client attached to a stream; one further behind is closed"
+    )
     webhook_timeout_s: float = Field(10.0, gt=0, le=300, description="a webhook not answered by then is tried again")
     webhook_max_age_s: float = Field(
         86_400.0, gt=0, description="a delivery still failing this long after its event is given up"

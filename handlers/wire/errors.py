@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_WATCH = "unknown_watch"
     TOO_MANY_WATCHES = "too_many_watches"
     TOO_MANY_MESSAGES = "too_many_messages"
+    STREAM_NOT_FOUND = "stream_not_found"
     DUPLICATE_ITEM_ID = "duplicate_item_id"
     INVALID_TRUNCATE = "invalid_truncate"
     #: OpenAI Realtime's own codes, which its clients act on (one answer at a time).
@@ -58,6 +59,7 @@ CLOSING_CODES = frozenset(
         ErrorCode.FORBIDDEN_ORIGIN,
         ErrorCode.SERVER_CLOSING,
         ErrorCode.TOO_MANY_MESSAGES,
+        ErrorCode.STREAM_NOT_FOUND,
     }
 )
 
@@ -71,6 +73,7 @@ CLOSE_CODES = {
     ErrorCode.FORBIDDEN_ORIGIN: 1008,
     ErrorCode.SERVER_CLOSING: 1012,  # service restart: clients reconnect (elsewhere)
     ErrorCode.TOO_MANY_MESSAGES: 1008,  # policy: clients that reconnect by themselves do not on 1008
+    ErrorCode.STREAM_NOT_FOUND: 1008,
 }
 
 

@@ -145,6 +145,8 @@ class StreamCodec(V1Codec):
 
     def encode(self, event: ev.Event) -> list[str]:
         self.stream.saw(event)
+        if isinstance(event, ev.SessionReady):
+            self.stream.ready_text = super().encode(event)[0]  # what a client attaching later hears first
         if not self.stream.transport.listeners:
             return []  # no client attached: nothing to say it to
         return super().encode(event)
@@ -178,6 +180,8 @@ class Stream:
         self._spoken: dict[str, dict[str, Any]] = {}  # a fired watch's answer, by request id
         self._sent = 0
         self._tg: TaskGroup | None = None
+        self.ready_text: str | None = None  # the session's session.ready, as v1 says it
+        self.ended = anyio.Event()  # the stream's session is over (attached clients are let go)
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -197,13 +201,16 @@ class Stream:
     # ------------------------------------------------------------------ running
     async def run(self, serve: ServeSession) -> None:
         """Pull the source and run the session until ``stop``."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self._pull)
-            try:
-                await serve(self.transport, self.codec, self.owner)
-            finally:
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._pull)
+                try:
+                    await serve(self.transport, self.codec, self.owner)
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            self.ended.set()
         if self.state not in ("failed", "ended"):
             self.state = "stopped"
 

@@ -135,7 +135,8 @@ def test_a_file_camera_fires_twice_delivered_signed_once_per_key_with_evidence_a
             assert http.get(f"/v1/streams/{stream_id}", headers={"Authorization": "Bearer key-b"}).status_code == 404
             status = _wait(lambda: (s := http.get(f"/v1/streams/{stream_id}").json())["state"] == "ended" and s, 60,
                            "the clip to play to its end")
-            assert status["frames_decoded"] == 100 and 19 <= status["frames_sampled"] <= 21, status
+            assert status["frames_decoded"] + status["frames_skipped"] == 100, status  # those no sample needed: skipped
+            assert 19 <= status["frames_sampled"] <= 21 and status["frames_skipped"] > 20, status
             assert status["deliver"]["webhook"]["secret"] == "***"
 
             def fires() -> list[dict[str, Any]]:
@@ -262,3 +263,51 @@ def test_deliveries_pending_when_the_server_stops_are_made_by_the_next_one(
         assert {r["body"]["stream_id"] for r in taken.values()} == {stream_id}
     finally:
         receiver.close()
+
+
+def test_a_client_attached_to_a_stream_hears_it_asks_about_it_and_adds_a_watch(
+        demo_server: RunningServer, clip: Path) -> None:
+    """A v1 WebSocket with ?stream_id= hears the stream's session.ready, then its camera's frames
+    as they are acked; its own frame is refused and the connection goes on; its question about
+    the camera is answered; its watch fires on the looped clip's red; another key's attach is
+    refused (stream_not_found, 1008); deleting the stream closes the client (1000)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect as ws_connect
+
+    with _http(demo_server) as http:
+        stream_id = http.post("/v1/streams", json={
+            "source": f"file://{clip}", "loop": True, "fps": 2,
+            "config": {"sampling": {"max_tokens": 4}}}).json()["stream_id"]
+        base = f"ws://{demo_server.host}:{demo_server.port}/v1/video/chat/stream?stream_id={stream_id}"
+        with ws_connect(base + "&api_key=key-b") as stranger:
+            refused = json.loads(stranger.recv(timeout=10))
+            assert refused["type"] == "error" and refused["code"] == "stream_not_found"
+            with pytest.raises(ConnectionClosed) as closed:
+                stranger.recv(timeout=10)
+            assert closed.value.rcvd.code == 1008
+
+        with ws_connect(base + "&api_key=key-a") as ws:
+            def until(kind: str, timeout_s: float = 60) -> dict[str, Any]:
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    event = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+                    if event["type"] == kind or (event["type"] == "error" and kind != "error"):
+                        return event
+
+            assert json.loads(ws.recv(timeout=30))["type"] == "session.ready"
+            assert until("video.frame.ack")["frame_id"].startswith("src_")
+            ws.send(json.dumps({"type": "video.frame", "data": "AAAA", "frame_id": 1}))
+            refused = until("error")
+            assert refused["code"] == "invalid_message" and "stream" in refused["message"]
+            ws.send(json.dumps({"type": "video.query", "text": "What colour is the screen?"}))
+            assert until("response.done")["status"] == "completed"
+            ws.send(json.dumps({"type": "watch.create", **RED_WATCH}))
+            assert until("watch.created")["watch"]["watch_id"] == "red"
+            fired = until("watch.fired", 60)
+            assert fired["watch_id"] == "red" and fired["frame_id"].startswith("src_")
+            assert http.get(f"/v1/streams/{stream_id}").json()["watches"][0]["condition"] == RED_WATCH["condition"]
+            assert http.delete(f"/v1/streams/{stream_id}").status_code == 204
+            with pytest.raises(ConnectionClosed) as ended:
+                while True:
+                    ws.recv(timeout=30)
+            assert ended.value.rcvd.code == 1000
