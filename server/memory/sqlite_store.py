@@ -17,15 +17,15 @@ A sweep zeroes the pages it frees too, but leaves the FTS5 index to its own auto
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
 
+from server import sqlite_file
 from server.blocking import run_blocking
 from server.memory.store import (
     MAX_HANDLES_PER_SESSION,
@@ -160,19 +160,11 @@ class SqliteDatabase:
 
     def connect(self) -> None:
         """Open the file (made private to this user when new) and create the schema if missing."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db = sqlite_file.connect(self.path, secure_delete=True)
         try:
-            db.execute("PRAGMA busy_timeout = 10000")
-            db.execute("PRAGMA journal_mode = TRUNCATE")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.execute("PRAGMA secure_delete = ON")
-            db.execute("PRAGMA foreign_keys = ON")
-            db.execute("BEGIN IMMEDIATE")
-            for statement in _statements(SCHEMA):
-                db.execute(statement)
-            db.execute("COMMIT")
+            with sqlite_file.transaction(db):
+                for statement in _statements(SCHEMA):
+                    db.execute(statement)
         except BaseException:
             db.close()
             raise
@@ -184,16 +176,8 @@ class SqliteDatabase:
             self._db.close()
             self._db = None
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return sqlite_file.transaction(self.db)
 
     # ------------------------------------------------------------------------------- writing
     def add_moment(self, session_id: str, at_ms: float, jpeg: bytes) -> Moment:

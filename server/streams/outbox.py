@@ -12,16 +12,16 @@ deliveries); a delivery still failing ``max_age_s`` after its event is given up.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 
+from server import sqlite_file
 from server.blocking import run_blocking
 
 T = TypeVar("T")
@@ -95,14 +95,8 @@ class _Database:
         return self._db
 
     def connect(self) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db = sqlite_file.connect(self.path)
         try:
-            db.execute("PRAGMA busy_timeout = 10000")
-            db.execute("PRAGMA journal_mode = TRUNCATE")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.execute("PRAGMA foreign_keys = ON")
             db.executescript(SCHEMA)
         except BaseException:
             db.close()
@@ -114,16 +108,8 @@ class _Database:
             self._db.close()
             self._db = None
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return sqlite_file.transaction(self.db)
 
     def add(self, event_id: str, stream_id: str, kind: str, at_ms: float, body: dict[str, Any],
             evidence: list[tuple[float, bytes]], deliveries: list[tuple[str, dict[str, Any]]]) -> StreamEvent | None:

@@ -70,6 +70,18 @@ def write_question_wav(dst: Path) -> None:
         out.writeframes(resample(Pcm(clip.pcm16, 16_000), 48_000).samples)
 
 
+def screen_browser(playwright: Any, folder: Path) -> Any:
+    """Chromium whose camera is the colours model's screen and whose microphone asks a question
+    (files written in ``folder``). Asserts (never skips) that Chromium is installed."""
+    assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium"
+    video, audio = folder / "screen.y4m", folder / "question.wav"
+    write_screen_y4m(video)
+    write_question_wav(audio)
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
+        *CHROMIUM_FLAGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
+        f"--use-file-for-fake-video-capture={video}", f"--use-file-for-fake-audio-capture={audio}"])
+
+
 class PageSite:
     """The web app: its page, the SDK bundle, and its backend's ``POST /key``."""
 
@@ -139,14 +151,8 @@ def test_the_agents_sdk_calls_over_webrtc_with_an_ephemeral_key_and_a_camera(
     """The SDK connects (its POST and preflight from another origin), the watch fires unasked
     on the camera track, the spoken question is answered in words and in sound."""
     site, server = site_and_server
-    assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium"
-    video, audio = tmp_path / "screen.y4m", tmp_path / "question.wav"
-    write_screen_y4m(video)
-    write_question_wav(audio)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
-            *CHROMIUM_FLAGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
-            f"--use-file-for-fake-video-capture={video}", f"--use-file-for-fake-audio-capture={audio}"])
+        browser = screen_browser(playwright, tmp_path)
         try:
             page = browser.new_page()
             errors: list[str] = []
@@ -209,14 +215,8 @@ def test_the_project_page_streams_over_webrtc_with_a_key_the_server_mints_and_fa
     audio track; Stop hangs up. When the server refuses calls, the page streams over the
     WebSocket instead."""
     _, server = site_and_server
-    assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium"
-    video, audio = tmp_path / "screen.y4m", tmp_path / "question.wav"
-    write_screen_y4m(video)
-    write_question_wav(audio)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
-            *CHROMIUM_FLAGS, "--disable-features=WebRtcHideLocalIpsWithMdns",
-            f"--use-file-for-fake-video-capture={video}", f"--use-file-for-fake-audio-capture={audio}"])
+        browser = screen_browser(playwright, tmp_path)
         try:
             page = browser.new_page()
             page.set_default_timeout(20_000)
