@@ -10,6 +10,7 @@ import { FrameSampler, listDevices, openMedia } from "./capture.js";
 import { Connection } from "./connection.js";
 import { Microphone } from "./microphone.js";
 import { RtcConnection } from "./rtc-connection.js";
+import { StreamList } from "./streams.js";
 import { WatchPanel } from "./watches.js";
 
 const $ = (id) => document.getElementById(id);
@@ -89,7 +90,13 @@ class App {
       onEvent: (event) => this.handleEvent(event),
       onState: (state, detail) => this.showState(state, detail),
     };
-    this.socket = new Connection(hooks);
+    this.watchingStream = null; // a camera the server pulls, whose session the page is attached to
+    this.socket = new Connection({ ...hooks, attached: () => this.watchingStream });
+    this.streamList = new StreamList($("streams"), $("streams-note"), {
+      url: hooks.url,
+      apiKey: hooks.apiKey,
+      onWatch: (stream) => this.watchStream(stream),
+    });
     this.call = RtcConnection.supported
       ? new RtcConnection({
           ...hooks,
@@ -122,6 +129,8 @@ class App {
       this.ask($("question").value);
     });
     $("cancel").addEventListener("click", () => this.cancel());
+    $("streams-refresh").addEventListener("click", () => this.streamList.refresh());
+    $("streams-leave").addEventListener("click", () => this.leaveStream());
     $("watch-form").addEventListener("submit", (event) => {
       event.preventDefault();
       this.addWatch($("watch-condition").value);
@@ -215,7 +224,30 @@ class App {
     return this.context;
   }
 
+  /** Attach to a camera the server pulls: the page's own camera stops; questions and alerts go to that stream. */
+  watchStream(stream) {
+    if (this.streaming) this.stop();
+    else this.connection.close();
+    this.watchingStream = stream.stream_id;
+    this.streamList.watching = stream.stream_id;
+    this.connection = this.socket;
+    this.showMessage(`Watching the server's camera "${stream.name || stream.stream_id}".`, "info", "stream");
+    this.connection.open();
+    this.streamList.refresh();
+    this.render();
+  }
+
+  leaveStream() {
+    this.watchingStream = null;
+    this.streamList.watching = null;
+    this.socket.close();
+    this.hideMessage();
+    this.streamList.refresh();
+    this.render();
+  }
+
   async start() {
+    if (this.watchingStream) this.leaveStream();
     this.hideMessage();
     this.audioContext();
     if (!(await this.restartMedia())) return;
@@ -459,7 +491,8 @@ class App {
     badge.dataset.state = state;
     badge.textContent = words;
     $("r-state").textContent = words.toLowerCase();
-    $("r-transport").textContent = state === "idle" ? "–" : this.connection.transport;
+    $("r-transport").textContent =
+      state === "idle" ? "–" : this.watchingStream ? "the server's camera (WebSocket)" : this.connection.transport;
     if (state === "reconnecting") {
       this.answers.abandon("the connection dropped before the answer finished");
       this.showMessage(
@@ -504,6 +537,7 @@ class App {
     }
     $("start").disabled = this.streaming;
     $("stop-stream").disabled = !this.streaming;
+    $("streams-leave").disabled = !this.watchingStream;
     $("cancel").disabled = !this.answers.running;
   }
 }

@@ -2,7 +2,7 @@
 // (resuming the same session with its resume_token when the server keeps dropped sessions).
 
 /** Close-time error codes after which reconnecting cannot help. */
-const FINAL_ERRORS = new Set(["invalid_config", "unauthorized", "forbidden_origin"]);
+const FINAL_ERRORS = new Set(["invalid_config", "unauthorized", "forbidden_origin", "stream_not_found"]);
 const BACKOFF_S = [1, 2, 4, 8, 15];
 
 /**
@@ -93,10 +93,12 @@ export class Connection {
     const key = this.hooks.apiKey();
     if (key) url.searchParams.set("api_key", key);
     url.searchParams.set("route", routeKey());
+    const stream = this.hooks.attached?.(); // a camera the server pulls: its session, not a new one
+    if (stream) url.searchParams.set("stream_id", stream);
     this.setState("connecting");
     const ws = new WebSocket(url.href);
     this.link = ws;
-    ws.onopen = () => ws.send(JSON.stringify(this.configMessage()));
+    ws.onopen = () => stream || ws.send(JSON.stringify(this.configMessage()));
     ws.onmessage = (message) => this.receive(message.data);
     ws.onclose = (event) => this.dropped(ws, event);
   }

@@ -278,3 +278,59 @@ def test_the_project_page_streams_over_webrtc_with_a_key_the_server_mints_and_fa
             assert not errors, errors
         finally:
             browser.close()
+
+
+def test_the_page_lists_the_servers_cameras_and_watches_one(
+    site_and_server: tuple[PageSite, RunningServer], tmp_path: Path,
+) -> None:
+    """A camera the server pulls (a looped clip of the colours model's screen, red then grey)
+    is listed on the page; Watch attaches the page's session to it (no camera of the page's
+    own): its frames are counted, a question about it is answered, an alert added there fires;
+    Stop watching lets it go, and the stream goes on."""
+    from server.bench.footage import write_colour_clip
+
+    _, server = site_and_server
+    clip = tmp_path / "porch.mp4"
+    write_colour_clip(clip, [("red", 4.0), ("grey", 4.0)], fps=10)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    created = httpx.post(f"{server.http_url}/v1/streams", headers=headers, timeout=30, json={
+        "source": f"file://{clip}", "loop": True, "name": "porch", "config": {"sampling": {"max_tokens": 6}}})
+    assert created.status_code == 201, created.text
+    stream_id = created.json()["stream_id"]
+    assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(20_000)
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.goto(server.http_url + "/")
+                page.wait_for_function("window.livesight !== undefined")
+                page.fill("#api-key", API_KEY)
+                page.click("#streams-refresh")
+                item = page.locator(f'#streams li[data-stream-id="{stream_id}"]')
+                expect(item).to_contain_text("porch")
+                item.locator("button.watch-stream").click()
+                expect(page.locator("#conn-state")).to_have_attribute("data-state", "ready")
+                expect(page.locator("#r-transport")).to_contain_text("server's camera")
+                expect(page.locator("#r-accepted")).not_to_have_text("0")
+                assert page.evaluate("window.livesight.app.stream") is None  # no camera of its own
+                page.fill("#question", "What colour is the screen?")
+                page.press("#question", "Enter")
+                answer = page.locator("#answers .answer").first
+                expect(answer).to_have_attribute("data-status", "completed", timeout=60_000)
+                page.fill("#watch-condition", "Is the screen red?")
+                page.press("#watch-condition", "Enter")
+                alert = page.locator("#alerts .alert").last
+                expect(alert).to_have_attribute("data-status", "completed", timeout=60_000)
+                page.click("#streams-leave")
+                expect(page.locator("#conn-state")).to_have_attribute("data-state", "idle")
+                assert not errors, errors
+            finally:
+                browser.close()
+        status = httpx.get(f"{server.http_url}/v1/streams/{stream_id}", headers=headers, timeout=30).json()
+        assert status["state"] == "live" and status["fires"] >= 1, status
+    finally:
+        httpx.delete(f"{server.http_url}/v1/streams/{stream_id}", headers=headers, timeout=30)
