@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import anyio
+
+from server.blocking import run_blocking
+
+T = TypeVar("T")
 
 
 def connect(path: Path, *, secure_delete: bool = False) -> sqlite3.Connection:
@@ -43,3 +50,40 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+class Connectable(Protocol):
+    def connect(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class OneJobAtATime:
+    """An async front for a database object whose calls block (``_database``: ``connect``,
+    ``close`` and the rest): each call is one job off the event loop, through a limiter of one
+    slot, so calls on its one connection never interleave."""
+
+    _database: Connectable
+    path: Path
+    what = "the database"
+
+    _limiter: anyio.CapacityLimiter | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._limiter is None:
+            raise RuntimeError(f"{self.what} {self.path} is not open")
+        return await run_blocking(fn, *args, limiter=self._limiter)
+
+    async def open(self) -> None:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+            try:
+                await self._run(self._database.connect)
+            except BaseException:
+                self._limiter = None
+                raise
+
+    async def close(self) -> None:
+        if self._limiter is not None:
+            await self._run(self._database.close)
+            self._limiter = None

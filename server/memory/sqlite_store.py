@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TypeVar
-
-import anyio
 
 from server import sqlite_file
-from server.blocking import run_blocking
 from server.memory.store import (
     MAX_HANDLES_PER_SESSION,
     MemoryLimits,
@@ -44,8 +40,6 @@ from server.memory.store import (
     stored_text,
     text_bytes,
 )
-
-T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -422,35 +416,16 @@ def _statements(script: str) -> Iterator[str]:
             statement = ""
 
 
-class SqliteMemoryStore(MemoryStore):
+class SqliteMemoryStore(sqlite_file.OneJobAtATime, MemoryStore):
     """The session memory in the SQLite file at ``path``; each call is one job of its one connection."""
 
     backend = "sqlite"
+    what = "the memory store"
 
     def __init__(self, path: Path, limits: MemoryLimits) -> None:
         self.path = path
         self.limits = limits
         self._database = SqliteDatabase(path, limits)
-        self._limiter: anyio.CapacityLimiter | None = None
-
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        if self._limiter is None:
-            raise RuntimeError(f"the memory store {self.path} is not open")
-        return await run_blocking(fn, *args, limiter=self._limiter)
-
-    async def open(self) -> None:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-            try:
-                await self._run(self._database.connect)
-            except BaseException:
-                self._limiter = None
-                raise
-
-    async def close(self) -> None:
-        if self._limiter is not None:
-            await self._run(self._database.close)
-            self._limiter = None
 
     async def add_moment(self, session_id: str, at_ms: float, jpeg: bytes) -> Moment:
         return await self._run(self._database.add_moment, checked_session(session_id), float(at_ms), bytes(jpeg))

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 
 from server import sqlite_file
-from server.blocking import run_blocking
-
-T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stream_events (
@@ -170,33 +166,16 @@ class _Database:
             db.execute("DELETE FROM stream_events WHERE stream_id = ?", (stream_id,))
 
 
-class Outbox:
+class Outbox(sqlite_file.OneJobAtATime):
     """The streams' events and deliveries (see the module), each call one job off the loop."""
+
+    what = "the stream outbox"
 
     def __init__(self, path: Path, max_events: int) -> None:
         self.path = path
         self._database = _Database(path, max_events)
-        self._limiter: anyio.CapacityLimiter | None = None
         self.added = anyio.Event()  # set when an event is kept (the senders and SSE readers wait on it)
 
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        if self._limiter is None:
-            raise RuntimeError(f"the stream outbox {self.path} is not open")
-        return await run_blocking(fn, *args, limiter=self._limiter)
-
-    async def open(self) -> None:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-            try:
-                await self._run(self._database.connect)
-            except BaseException:
-                self._limiter = None
-                raise
-
-    async def close(self) -> None:
-        if self._limiter is not None:
-            await self._run(self._database.close)
-            self._limiter = None
 
     async def add(self, event_id: str, stream_id: str, kind: str, at_ms: float, body: dict[str, Any],
                   evidence: list[tuple[float, bytes]], deliveries: list[tuple[str, dict[str, Any]]]) -> StreamEvent | None:
