@@ -190,6 +190,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                     tg.start_soon(mqtt.run)
                 for stream_settings in given_streams:
                     streams.create(stream_settings, "")
+                await streams.restore()
                 if app.state.memory is not None:
                     tg.start_soon(app.state.memory.writer.run)
                     tg.start_soon(sweep_memory, app.state.memory, settings.memory_max_age_s)

@@ -39,7 +39,7 @@ from handlers.media.keyframe import jpeg_size, keyframe_jpeg
 from handlers.wire.errors import ErrorCode, Origin, SessionError
 from handlers.session.observer import SessionObserver
 from server import blocking
-from server.engines.base import Engine, EngineError, Finished, Sampling, TextDelta
+from server.engines.base import CAPTION_REQUEST_PREFIX, Engine, EngineError, Finished, Sampling, TextDelta
 from server.memory.store import MemoryStore, Moment
 
 log = logging.getLogger("livesight.memory")
@@ -172,7 +172,7 @@ class MemoryJobs:
         began = time.perf_counter()
         try:
             with scope:
-                stream = self.engine.generate(session, f"caption_{session[:8]}", step.prompt,
+                stream = self.engine.generate(session, f"{CAPTION_REQUEST_PREFIX}{session[:8]}", step.prompt,
                                               Sampling(0.0, 1.0, step.tokens, 0))
                 try:
                     async for event in stream:

@@ -103,6 +103,11 @@ class Prompt:
     spoken: str = ""
 
 
+#: The request ids of moments' captions (the session's memory): engines that count their work
+#: count a caption's apart from answers'.
+CAPTION_REQUEST_PREFIX = "caption_"
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """Sampling parameters; ``temperature == 0`` means greedy."""

@@ -30,6 +30,7 @@ import anyio
 import torch
 
 from server.engines.base import (
+    CAPTION_REQUEST_PREFIX,
     Capabilities,
     CheckResult,
     Engine,
@@ -80,7 +81,7 @@ class TransformersEngine(Engine):
         self.kv_shift = kv_shift  # move a prefix that lost frames at its front (``kv_shift``)
         self._inv_freq: torch.Tensor | None = None
         self.shifts = 0
-        self.computed: Counter[str] = Counter()  # prompt tokens computed, by work: warm, check, answer
+        self.computed: Counter[str] = Counter()  # prompt tokens computed, by work: warm, check, answer, caption
         self.max_cached_images = max_cached_images
         self._max_images = max_images  # the most frames a prompt may hold (None: no limit)
         self.model_path = model_path
@@ -191,12 +192,13 @@ class TransformersEngine(Engine):
         """Stream the answer; see ``Engine.generate``."""
         pieces = await self._run(self._encode, prompt)
         prompt_tokens = sum(len(p.ids) for p in pieces)
+        work = "caption" if request_id.startswith(CAPTION_REQUEST_PREFIX) else "answer"
         with self.budget.hold(session_id):  # another session's step must not evict this cache
             cache = await self._run(self._reuse, session_id, pieces, True)
             cached = cache.length
             logits = None
             for chunk in _chunks(_remaining(pieces, cached), self.prefill_chunk_tokens):
-                logits = await self._run(self._forward, session_id, cache, chunk, "answer")
+                logits = await self._run(self._forward, session_id, cache, chunk, work)
             if logits is None:
                 raise EngineError("empty prompt")
             detok = IncrementalDetokenizer(self.encoder.tokenizer, skip_special_tokens=True)

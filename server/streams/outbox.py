@@ -6,7 +6,8 @@ One file (``streams.sqlite3`` in ``data_dir``), one connection used by one job a
 the event loop (as the memory store does). An event's ``seq`` orders a stream's events (the
 Server-Sent Events' ids); its ``event_id`` is the receivers' idempotency key. Bounded: a
 stream keeps its newest ``max_events`` events (the rest go with their evidence and
-deliveries); a delivery still failing ``max_age_s`` after its event is given up.
+deliveries); a delivery still failing ``max_age_s`` after its event is given up. The streams
+created through the API are kept too (their settings and owner), so a restart pulls them again.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ CREATE TABLE IF NOT EXISTS stream_deliveries (
     PRIMARY KEY (event_id, channel)
 );
 CREATE INDEX IF NOT EXISTS stream_deliveries_due ON stream_deliveries (state, due_ms);
+CREATE TABLE IF NOT EXISTS streams (
+    stream_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    settings TEXT NOT NULL
+);
 """
 
 
@@ -164,6 +170,15 @@ class _Database:
     def forget(self, stream_id: str) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM stream_events WHERE stream_id = ?", (stream_id,))
+            db.execute("DELETE FROM streams WHERE stream_id = ?", (stream_id,))
+
+    def keep_stream(self, stream_id: str, owner: str, settings: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO streams (stream_id, owner, settings) VALUES (?, ?, ?)",
+                        (stream_id, owner, json.dumps(settings)))
+
+    def kept_streams(self) -> list[tuple[str, str, dict[str, Any]]]:
+        rows = self.db.execute("SELECT stream_id, owner, settings FROM streams ORDER BY rowid").fetchall()
+        return [(r[0], r[1], json.loads(r[2])) for r in rows]
 
 
 class Outbox(sqlite_file.OneJobAtATime):
@@ -203,5 +218,14 @@ class Outbox(sqlite_file.OneJobAtATime):
     async def counts(self, stream_id: str) -> dict[str, int]:
         return await self._run(self._database.counts, stream_id)
 
+    async def keep_stream(self, stream_id: str, owner: str, settings: dict[str, Any]) -> None:
+        """Keep a stream created through the API, to pull again after a restart."""
+        await self._run(self._database.keep_stream, stream_id, owner, settings)
+
+    async def kept_streams(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The streams kept: (id, owner, settings), in the order they were created."""
+        return await self._run(self._database.kept_streams)
+
     async def forget(self, stream_id: str) -> None:
+        """A stream deleted: its events, evidence, deliveries and itself."""
         await self._run(self._database.forget, stream_id)

@@ -4,9 +4,10 @@ delivery), ``DELETE``; ``GET /v1/streams/{id}/events`` (Server-Sent Events, resu
 ``Last-Event-ID``) and ``GET /v1/streams/{id}/moments/{moment}.jpg`` (a fire's evidence).
 
 Same auth as sessions; a stream belongs to the key that created it (another key gets 404).
-At most ``max_streams`` at a time (``429`` past that). Streams given at start (``livesight
-serve --streams FILE``, YAML or JSON: a list of the POST bodies, or ``{"streams": [...]}``)
-belong to no key.
+At most ``max_streams`` at a time (``429`` past that). A stream created through the API is
+kept in the outbox's database until deleted and pulled again after a restart. Streams given at
+start (``livesight serve --streams FILE``, YAML or JSON: a list of the POST bodies, or
+``{"streams": [...]}``) belong to no key and come from the file each time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from dataclasses import asdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -118,13 +120,13 @@ class Streams:
         self.streams: dict[str, Stream] = {}
         self.tg: TaskGroup | None = None
 
-    def create(self, settings: StreamSettings, owner: str) -> Stream:
+    def create(self, settings: StreamSettings, owner: str, stream_id: str | None = None) -> Stream:
         """Start a stream. Raises ``OverflowError`` at ``max_streams``."""
         assert self.tg is not None, "the server is not serving"
         if len(self.streams) >= self.max_streams:
             raise OverflowError(f"the server pulls at most {self.max_streams} streams")
         self.check_delivery(settings.deliver)
-        stream = Stream("str_" + secrets.token_hex(8), settings, owner, self.limits, self.outbox,
+        stream = Stream(stream_id or "str_" + secrets.token_hex(8), settings, owner, self.limits, self.outbox,
                         self.max_message_bytes, self.mqtt)
         self.streams[stream.stream_id] = stream
         self.tg.start_soon(self._run, stream)
@@ -136,6 +138,20 @@ class Streams:
         except Exception:  # noqa: BLE001 - one stream's failure must not end the server
             log.exception("stream %s failed", stream.stream_id)
             stream.state = "failed"
+
+    async def keep(self, stream: Stream) -> None:
+        """Keep a stream created through the API (its settings as they are now)."""
+        stream.kept = True
+        await self.outbox.keep_stream(stream.stream_id, stream.owner, asdict(stream.settings))
+
+    async def restore(self) -> None:
+        """Pull again the streams kept before a restart (those that no longer fit, or no longer
+        check out, are logged and left kept)."""
+        for stream_id, owner, kept in await self.outbox.kept_streams():
+            try:
+                self.create(StreamSettings(**kept), owner, stream_id).kept = True
+            except (OverflowError, ValueError, TypeError) as exc:
+                log.warning("stream %s kept from before is not pulled: %s", stream_id, exc)
 
     def check_delivery(self, deliver: dict[str, Any]) -> None:
         """Raises ``ValueError`` for a channel this server cannot deliver to."""
@@ -244,6 +260,7 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
             return _error(429, "too_many_streams", str(exc))
         except ValueError as exc:
             return _error(400, "invalid_stream", str(exc))
+        await streams.keep(stream)
         return JSONResponse(stream.status(), status_code=201,
                             headers={"Location": f"{STREAMS_PATH}/{stream.stream_id}"})
 
@@ -273,6 +290,8 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
             return _error(400, "invalid_stream", exc.errors()[0]["msg"])
         except ValueError as exc:
             return _error(400, "invalid_stream", str(exc))
+        if stream.kept:  # one of the API's (a stream of the file comes from the file)
+            await streams.keep(stream)
         return JSONResponse(stream.status())
 
     @app.delete(STREAMS_PATH + "/{stream_id}")

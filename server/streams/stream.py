@@ -182,6 +182,7 @@ class Stream:
         self._tg: TaskGroup | None = None
         self.ready_text: str | None = None  # the session's session.ready, as v1 says it
         self.ended = anyio.Event()  # the stream's session is over (attached clients are let go)
+        self.kept = False  # kept in the database (created through the API), pulled again after a restart
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:

@@ -240,8 +240,8 @@ def test_deliveries_pending_when_the_server_stops_are_made_by_the_next_one(
         tiny_model_dir: Path, clip: Path, tmp_path: Path) -> None:
     """The webhook's receiver is down while a stream fires (a watch the random model always
     fires at threshold 0): the events wait in the outbox; the server stops; the next server on
-    the same data directory delivers each of them once the receiver is up, signed, with the
-    same idempotency keys, and no other."""
+    the same data directory delivers each of them once the receiver is up, signed, once per
+    idempotency key, and pulls the stream again under its id (with its PATCHed watches)."""
     port = free_port()
     settings = Settings(model=str(tiny_model_dir), resume_grace_s=0, data_dir=tmp_path / "data",
                         webhook_max_retry_s=1.0)
@@ -253,11 +253,18 @@ def test_deliveries_pending_when_the_server_stops_are_made_by_the_next_one(
         pending = _wait(lambda: (d := http.get(f"/v1/streams/{stream_id}").json()["deliveries"]).get("pending", 0) >= 2
                         and d, 60, "deliveries waiting for the receiver")
         assert "delivered" not in pending
+        patched = http.patch(f"/v1/streams/{stream_id}", json={"watches": [
+            {"watch_id": "still", "condition": "Is there still a screen?", "threshold": 0, "clear_threshold": 0}]})
+        assert patched.status_code == 200, patched.text
     receiver = WebhookReceiver(SECRET, port=port)
     try:
-        with run_server(settings):
+        with run_server(settings) as second, httpx.Client(base_url=second.http_url, timeout=30) as http:
             taken = _wait(lambda: len(receiver.accepted()) >= pending["pending"] and receiver.accepted(), 60,
                           "the pending deliveries made by the next server")
+            again = _wait(lambda: (s := http.get(f"/v1/streams/{stream_id}").json()).get("frames_sampled", 0) > 0 and s,
+                          60, "the stream pulled again")
+            assert [w["watch_id"] for w in again["watches"]] == ["still"], again
+            assert http.delete(f"/v1/streams/{stream_id}").status_code == 204
         assert all(r["signed"] for r in receiver.requests)
         assert len(receiver.requests) == len(taken)  # each once
         assert {r["body"]["stream_id"] for r in taken.values()} == {stream_id}
