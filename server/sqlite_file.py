@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -50,6 +51,49 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+class SqliteFile:
+    """One SQLite file and its one connection (not thread-safe: one call at a time, from any
+    thread). A subclass creates its schema in ``create`` (one transaction) and names itself in
+    ``what``; ``secure_delete``: freed pages are zeroed."""
+
+    what = "the database"
+    secure_delete = False
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The open connection; raises RuntimeError before ``connect`` or after ``close``."""
+        if self._db is None:
+            raise RuntimeError(f"{self.what} {self.path} is not open")
+        return self._db
+
+    def create(self, db: sqlite3.Connection) -> None:
+        """Create the schema if missing (in a transaction)."""
+
+    def connect(self) -> None:
+        """Open the file (made private to this user when new) and create the schema if missing."""
+        db = connect(self.path, secure_delete=self.secure_delete)
+        try:
+            with transaction(db):
+                self.create(db)
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    def close(self) -> None:
+        """Close the connection (a second close does nothing)."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.db)
 
 
 class Connectable(Protocol):

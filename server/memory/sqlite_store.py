@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 from server import sqlite_file
@@ -137,41 +136,19 @@ def _bounds(from_ms: float | None, to_ms: float | None) -> tuple[float, float]:
     return (-math.inf if from_ms is None else float(from_ms)), (math.inf if to_ms is None else float(to_ms))
 
 
-class SqliteDatabase:
+class SqliteDatabase(sqlite_file.SqliteFile):
     """The SQLite file and its one connection. Not thread-safe: one call at a time, from any thread."""
 
+    what = "the memory store"
+    secure_delete = True
+
     def __init__(self, path: Path, limits: MemoryLimits) -> None:
-        self.path = path
+        super().__init__(path)
         self.limits = limits
-        self._db: sqlite3.Connection | None = None
 
-    @property
-    def db(self) -> sqlite3.Connection:
-        """The open connection; raises RuntimeError before ``connect`` or after ``close``."""
-        if self._db is None:
-            raise RuntimeError(f"the memory store {self.path} is not open")
-        return self._db
-
-    def connect(self) -> None:
-        """Open the file (made private to this user when new) and create the schema if missing."""
-        db = sqlite_file.connect(self.path, secure_delete=True)
-        try:
-            with sqlite_file.transaction(db):
-                for statement in _statements(SCHEMA):
-                    db.execute(statement)
-        except BaseException:
-            db.close()
-            raise
-        self._db = db
-
-    def close(self) -> None:
-        """Close the connection (a second close does nothing)."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        return sqlite_file.transaction(self.db)
+    def create(self, db: sqlite3.Connection) -> None:
+        for statement in _statements(SCHEMA):
+            db.execute(statement)
 
     # ------------------------------------------------------------------------------- writing
     def add_moment(self, session_id: str, at_ms: float, jpeg: bytes) -> Moment:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,34 +83,17 @@ def _event(row: tuple[Any, ...]) -> StreamEvent:
     return StreamEvent(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]))
 
 
-class _Database:
+class _Database(sqlite_file.SqliteFile):
+    what = "the stream outbox"
+
     def __init__(self, path: Path, max_events: int) -> None:
-        self.path = path
+        super().__init__(path)
         self.max_events = max_events
-        self._db: sqlite3.Connection | None = None
 
-    @property
-    def db(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise RuntimeError(f"the stream outbox {self.path} is not open")
-        return self._db
-
-    def connect(self) -> None:
-        db = sqlite_file.connect(self.path)
-        try:
-            db.executescript(SCHEMA)
-        except BaseException:
-            db.close()
-            raise
-        self._db = db
-
-    def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        return sqlite_file.transaction(self.db)
+    def create(self, db: sqlite3.Connection) -> None:
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
 
     def add(self, event_id: str, stream_id: str, kind: str, at_ms: float, body: dict[str, Any],
             evidence: list[tuple[float, bytes]], deliveries: list[tuple[str, dict[str, Any]]]) -> StreamEvent | None:
