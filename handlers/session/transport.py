@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from handlers.wire.codec import WireCodec
 
 
 class Disconnected(Exception):
@@ -54,3 +58,8 @@ class Prefaced:
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         await self.inner.close(code, reason)
+
+
+#: Runs one session over a transport to its end, speaking a codec, for an owner (a key's
+#: digest): what the server hands a WebRTC call or a stream.
+ServeSession = Callable[[Transport, "WireCodec", str], Awaitable[None]]

@@ -65,10 +65,16 @@ class DeliveryLimits:
     concurrency: int = 8
 
 
+def backoff_s(failures: int, first_s: float, cap_s: float) -> float:
+    """The wait after ``failures`` failures in a row (1: the first): doubling from ``first_s``,
+    capped at ``cap_s``, times a random 0.5-1.5, so what comes back (a receiver, a camera, a
+    broker) is not hit by every retry at once. The streams' reconnects and the deliveries' retries."""
+    return min(cap_s, first_s * 2 ** min(max(failures, 1) - 1, 30)) * random.uniform(0.5, 1.5)
+
+
 def retry_after_s(attempts: int, limits: DeliveryLimits) -> float:
-    """The wait before try ``attempts + 1``: doubling from ``first_retry_s``, capped, with
-    jitter (x0.5-1.5) so receivers that come back are not hit by every sender at once."""
-    return min(limits.max_retry_s, limits.first_retry_s * 2 ** min(attempts, 30)) * random.uniform(0.5, 1.5)
+    """The wait before try ``attempts + 1`` of a delivery."""
+    return backoff_s(attempts + 1, limits.first_retry_s, limits.max_retry_s)
 
 
 Send = Callable[[Delivery], Awaitable[None]]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 import aiomqtt
 import anyio
 
-from server.streams.delivery import payload
+from server.streams.delivery import backoff_s, payload
 from server.streams.outbox import Delivery
 
 log = logging.getLogger("livesight.streams")
@@ -78,7 +77,7 @@ class MqttLink:
                 if self.connected.is_set():
                     self.connected = anyio.Event()
             failures += 1
-            await anyio.sleep(min(self.retry_max_s, 2 ** min(failures - 1, 10)) * random.uniform(0.5, 1.5))
+            await anyio.sleep(backoff_s(failures, 1.0, self.retry_max_s))
 
     async def publish(self, topic: str, body: bytes | str, retain: bool = False) -> None:
         """Publish at QoS 1. Raises ``RuntimeError`` while the broker is not connected."""

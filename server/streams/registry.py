@@ -34,7 +34,8 @@ from server.streams.delivery import payload
 from server.streams.mqtt import MqttLink
 from server.streams.outbox import Outbox
 from server.streams.source import checked_url
-from server.streams.stream import ServeSession, Stream, StreamLimits, StreamSettings
+from handlers.session.transport import ServeSession
+from server.streams.stream import Stream, StreamLimits, StreamSettings
 
 log = logging.getLogger("livesight.streams")
 

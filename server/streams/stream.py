@@ -16,12 +16,11 @@ import base64
 import json
 import logging
 import math
-import random
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +28,10 @@ import anyio
 from anyio.abc import TaskGroup
 
 from handlers.core import events as ev
-from handlers.session.transport import Decoded, Disconnected, Transport
+from handlers.session.transport import Decoded, Disconnected, ServeSession
 from handlers.wire.client_events import VideoFrame
-from handlers.wire.codec import V1Codec, WireCodec
+from handlers.wire.codec import V1Codec
+from server.streams.delivery import backoff_s
 from server.streams.mqtt import MqttLink
 from server.streams.outbox import Outbox
 from server.streams.source import SourceCounts, SourceError, SourceFrame, SourceSpec, read_source
@@ -44,8 +44,6 @@ PING_S = 20.0
 DECISION_MARGIN_S = 10.0
 #: Errors a stream's status keeps.
 KEPT_ERRORS = 10
-
-ServeSession = Callable[[Transport, WireCodec, str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +244,7 @@ class Stream:
                 stop.set()
             failures = 1 if opened else failures + 1
             self.state = "reconnecting"
-            first, cap = self.limits.retry_first_s, self.limits.retry_max_s
-            await anyio.sleep(min(cap, first * 2 ** min(failures - 1, 20)) * random.uniform(0.5, 1.5))
+            await anyio.sleep(backoff_s(failures, self.limits.retry_first_s, self.limits.retry_max_s))
 
     def _spec(self) -> SourceSpec:
         s, limits = self.settings, self.limits

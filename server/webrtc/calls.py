@@ -25,8 +25,7 @@ from pydantic import ValidationError
 
 from handlers.realtime import client_events as rtc
 from handlers.session.intake import Admission
-from handlers.session.transport import Transport
-from handlers.wire.codec import WireCodec
+from handlers.session.transport import ServeSession
 from server.auth import AccessPolicy, same_origin
 from server.client_secrets import ClientSecretError
 from server.settings import Settings
@@ -42,8 +41,6 @@ MAX_OFFER_BYTES = 64 * 1024
 #: What OpenAI's Agents SDK sends with an offer (a preflight asks for them by name).
 ALLOWED_HEADERS = ("authorization", "content-type", "x-openai-agents-sdk", "openai-beta", "x-api-key")
 
-#: Serves the session of a call to its end: (transport, codec, owner).
-ServeSession = Callable[[Transport, WireCodec, str], Awaitable[None]]
 
 
 class OfferError(ValueError):
