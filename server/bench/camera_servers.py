@@ -33,12 +33,13 @@ class RtspCamera:
     """``rtsp://127.0.0.1:PORT/NAME`` for each clip; ``stop`` and ``start`` again on the same
     port (a camera that drops and returns). Fails (never skips) without GStreamer."""
 
-    def __init__(self, clips: dict[str, Path], port: int | None = None) -> None:
+    def __init__(self, clips: dict[str, Path], port: int = 0) -> None:
         self.clips = clips
-        self.port = port or free_port()
+        self.port = port  # 0: the camera's first start takes a free one, and keeps it
         self.proc: subprocess.Popen[str] | None = None
 
     def url(self, name: str) -> str:
+        assert self.port, "start the camera first"
         return f"rtsp://127.0.0.1:{self.port}/{name}"
 
     def start(self) -> None:
@@ -47,10 +48,21 @@ class RtspCamera:
         args = [str(SYSTEM_PYTHON), "-I", str(RTSP_SCRIPT), str(self.port), *(f"{n}={p}" for n, p in self.clips.items())]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if line.strip() != "ready":
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "ready":
             self.stop()
             raise AssertionError(f"the RTSP camera did not start (make setup installs GStreamer): {line!r}")
+        self.port = int(line[1])
+        deadline = time.monotonic() + 10
+        while True:  # listening, not only bound
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise AssertionError(f"the RTSP camera on port {self.port} does not answer") from None
+                time.sleep(0.05)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -5,7 +5,8 @@ the system Python (its GObject bindings are Debian packages, not in the project'
     /usr/bin/python3 -I rtsp_camera.py PORT NAME=CLIP.mp4 [NAME=CLIP.mp4 ...]
 
 serves each H.264 MP4 at ``rtsp://127.0.0.1:PORT/NAME`` as it is (no encoding: parsed and
-packetised only), over TCP and UDP, and prints ``ready`` once it listens. A clip that ends
+packetised only), over TCP and UDP, and prints ``ready PORT`` once it listens (PORT 0: the
+system picks one, so parallel runs never race for a port). A clip that ends
 ends its clients' streams (a camera that hangs up).
 """
 
@@ -33,7 +34,7 @@ def main() -> None:
         points.add_factory("/" + name, factory)
     if server.attach(None) == 0:
         sys.exit(f"could not listen on port {port}")
-    print("ready", flush=True)
+    print(f"ready {server.get_bound_port()}", flush=True)
     GLib.MainLoop().run()
 
 

@@ -50,20 +50,22 @@ def test_rtsp_over_tcp_and_udp_hls_and_mjpeg_are_sampled_at_the_streams_rate(
         sources = {"rtsp-tcp": rtsp.url("cam"), "rtsp-udp": rtsp.url("cam") + "?transport=udp",
                    "hls": hls, "mjpeg": mjpeg}
         ids = {}
-        for name, url in sources.items():
-            created = http.post("/v1/streams", json={"source": url, "name": name, "fps": 2})
-            assert created.status_code == 201, created.text
-            ids[name] = created.json()["stream_id"]
-        started = time.monotonic()
-        seen = {name: _until(http, sid, lambda s: s["frames_sampled"] >= 6, 60, f"{name}'s frames")
-                for name, sid in ids.items()}
-        elapsed = time.monotonic() - started
-        for name, status in seen.items():
-            assert status["state"] == "live" and status["connects"] == 1 and not status["frames_shed"], status
-            assert status["frames_decoded"] <= status["frames_sampled"] * 13 + 30, (name, status)  # 25 fps -> 2
-        print("sources:", {n: (s["frames_decoded"], s["frames_sampled"]) for n, s in seen.items()}, f"{elapsed:.1f} s")
-        for sid in ids.values():
-            assert http.delete(f"/v1/streams/{sid}").status_code == 204
+        try:  # the server is the run's: its streams go whatever happens here
+            for name, url in sources.items():
+                created = http.post("/v1/streams", json={"source": url, "name": name, "fps": 2})
+                assert created.status_code == 201, created.text
+                ids[name] = created.json()["stream_id"]
+            started = time.monotonic()
+            seen = {name: _until(http, sid, lambda s: s["frames_sampled"] >= 6, 60, f"{name}'s frames")
+                    for name, sid in ids.items()}
+            elapsed = time.monotonic() - started
+            for name, status in seen.items():
+                assert status["state"] == "live" and status["connects"] == 1 and not status["frames_shed"], status
+                assert status["frames_decoded"] <= status["frames_sampled"] * 13 + 30, (name, status)  # 25 fps -> 2
+            print("sources:", {n: (s["frames_decoded"], s["frames_sampled"]) for n, s in seen.items()}, f"{elapsed:.1f} s")
+        finally:
+            for sid in ids.values():
+                assert http.delete(f"/v1/streams/{sid}").status_code == 204
 
 
 def test_an_rtsp_camera_that_drops_mid_stream_is_reconnected_when_it_returns(
@@ -72,6 +74,7 @@ def test_an_rtsp_camera_that_drops_mid_stream_is_reconnected_when_it_returns(
     with the error; the camera comes back on the same port and the stream is live again."""
     camera = RtspCamera({"cam": clip})
     camera.start()
+    sid = None
     try:
         with httpx.Client(base_url=server.http_url, timeout=30) as http:
             sid = http.post("/v1/streams", json={"source": camera.url("cam"), "fps": 2}).json()["stream_id"]
@@ -84,5 +87,8 @@ def test_an_rtsp_camera_that_drops_mid_stream_is_reconnected_when_it_returns(
                           and s["frames_sampled"] > before["frames_sampled"] + 2, 60, "the camera back")
             assert back["frames_sampled"] > dropped["frames_sampled"]
             assert http.delete(f"/v1/streams/{sid}").status_code == 204
+            sid = None
     finally:
         camera.stop()
+        if sid is not None:  # the server is the run's: its streams go whatever happens here
+            httpx.delete(f"{server.http_url}/v1/streams/{sid}", timeout=30)
