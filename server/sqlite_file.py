@@ -2,8 +2,9 @@
 
 A file private to the server's user, one connection used from one thread at a time
 (``check_same_thread`` off: the caller serialises), autocommit with explicit transactions, a
-rollback journal (see ``server/memory/sqlite_store.py`` for why not WAL), ``synchronous=NORMAL``,
-foreign keys on, and other connections' locks waited for up to 10 s.
+write-ahead log (WAL: readers of other connections, another server's included, never wait for a
+writer, and a commit appends instead of rewriting pages), ``synchronous=NORMAL``, foreign keys
+on, and other connections' locks waited for up to 10 s.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def connect(path: Path, *, secure_delete: bool = False) -> sqlite3.Connection:
     os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        pragmas = ["busy_timeout = 10000", "journal_mode = TRUNCATE", "synchronous = NORMAL", "foreign_keys = ON"]
+        pragmas = ["busy_timeout = 10000", "journal_mode = WAL", "synchronous = NORMAL", "foreign_keys = ON"]
         if secure_delete:
             pragmas.append("secure_delete = ON")
         for pragma in pragmas:

@@ -1,17 +1,15 @@
 """The session memory in one SQLite file (JPEGs as BLOBs beside the rows), from the standard library.
 
 One connection, used by one job at a time through a limiter of one slot (``server.blocking``), so
-every statement runs off the event loop and calls never interleave. A rollback journal
-(``journal_mode=TRUNCATE``), not WAL: one connection per server gains nothing from WAL's readers
-beside a writer, and WAL's shared-memory index (the ``-shm`` file, mapped into memory) failed to
-open ("disk I/O error") in test processes that had loaded many engines before; the journal
-needs no mapping, and servers sharing the file take turns by file locks. ``synchronous=NORMAL``,
-``secure_delete`` (freed pages are zeroed) and, after ``clear``, a checkpoint that is a no-op
-unless the file was left in WAL mode, so a cleared session's bytes are gone from the disk. Resume handles are a table of their own, with no foreign
-key: a session's row goes with its last moment and note, its handles stay until used, cleared or
+every statement runs off the event loop and calls never interleave. WAL (``server/sqlite_file.py``)
+with ``synchronous=NORMAL`` (a commit does not wait for the disk; a power cut may lose the last
+ones, never corrupt the file), ``secure_delete`` (freed pages are zeroed) and, after ``clear``, a
+checkpoint that truncates the WAL, so a cleared session's bytes are gone from both files. Resume handles are a table of their own,
+with no foreign key: a session's row goes with its last moment and note, its handles stay until used, cleared or
 swept. Text search is FTS5 over notes and captions (two
 external-content indexes kept in step by triggers); triggers also keep each session's byte count.
-A sweep zeroes the pages it frees too, but leaves the FTS5 index to its own automatic merges.
+A sweep zeroes the pages it frees too, but leaves the WAL and the FTS5 index to their own automatic
+checkpoints and merges.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ the timeline of moments, text search, limits, clearing, resume handles, and many
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -264,6 +266,8 @@ async def test_cleared_bytes_are_gone_from_the_sqlite_files(tmp_path: Path) -> N
 
     await store.open()
     try:
+        with contextlib.closing(sqlite3.connect(store.path)) as other:  # WAL is a property of the file
+            assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         for i in range(5):
             await store.add_moment("s", T0 + i, jpeg(secret.decode(), 20_000))
             await store.add_note("s", "transcript", T0 + i, f"the word is {word}")
