@@ -39,7 +39,7 @@ from server.client_secrets import ClientSecrets
 from server.streams.attach import attach
 from server.streams.delivery import DeliveryLimits, Sender
 from server.streams.mqtt import MqttLink
-from server.streams.outbox import Outbox
+from server.streams.outbox_factory import open_outbox
 from server.streams.registry import Streams, add_stream_routes, load_streams_file
 from server.streams.stream import StreamLimits
 from server.webrtc.calls import Calls, add_call_routes
@@ -188,16 +188,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 tg.start_soon(sender.run)
                 if mqtt is not None:
                     tg.start_soon(mqtt.run)
-                for stream_settings in given_streams:
-                    streams.create(stream_settings, "")
-                await streams.restore()
+                await streams.give(given_streams)
+                tg.start_soon(streams.hold)
                 if app.state.memory is not None:
                     tg.start_soon(app.state.memory.writer.run)
                     tg.start_soon(sweep_memory, app.state.memory, settings.memory_max_age_s)
                 yield
                 for call in list(calls.calls.values()):
                     call.hang_up()
-                streams.stop_all()
+                await streams.close()
                 tg.cancel_scope.cancel()
         finally:
             await parking.clear()
@@ -362,7 +361,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         await run_session(new_session(transport, codec, "stream", owner))
 
     given_streams = load_streams_file(settings.streams) if settings.streams is not None else []
-    outbox = Outbox(settings.data_dir / "streams.sqlite3", settings.stream_max_events)
+    outbox = open_outbox(settings.memory_url, settings.data_dir, settings.stream_max_events)
     mqtt = MqttLink(settings.mqtt_url, settings.mqtt_discovery_prefix) if settings.mqtt_url else None
     sender = Sender(outbox, DeliveryLimits(settings.webhook_timeout_s, settings.webhook_max_age_s, 1.0,
                                            settings.webhook_max_retry_s, settings.webhook_concurrency),
@@ -370,7 +369,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     stream_limits = StreamLimits(settings.stream_max_pending_frames, settings.stream_frame_side,
                                  settings.stream_open_timeout_s, settings.stream_read_timeout_s, 1.0,
                                  settings.stream_retry_max_s, settings.stream_max_lookback_s)
-    streams = Streams(outbox, stream_limits, settings.max_streams, serve_stream, settings.max_message_bytes, mqtt)
+    streams = Streams(outbox, stream_limits, settings.max_streams, serve_stream, settings.max_message_bytes, mqtt,
+                      settings.stream_lease_s)
     app.state.streams, app.state.sender = streams, sender
     add_stream_routes(app, streams, access, lambda: app.state.draining)
 

@@ -319,6 +319,10 @@ class Settings(BaseSettings):
     webrtc_connect_timeout_s: float = Field(
         20.0, gt=0, le=300, description="a call whose data channel has not opened by then is ended and freed"
     )
+    webrtc_peer_timeout_s: float = Field(
+        10.0, ge=2, le=300,
+        description="a call's peer that answers no ICE consent check for about this long has vanished: its call and session end",
+    )
     webrtc_max_pending_messages: int = Field(
         256, ge=8, le=100_000, description="a call's data-channel messages and media read but not yet taken; a peer past it is ended"
     )
@@ -356,6 +360,10 @@ class Settings(BaseSettings):
     )
     stream_max_events: int = Field(
         10_000, ge=1, le=10_000_000, description="events (fires, narrations) each stream keeps; the oldest go"
+    )
+    stream_lease_s: float = Field(
+        15.0, ge=1, le=3600,
+        description="a server pulls a stream while it holds its lease (renewed every third of this); another takes it after",
     )
     stream_max_attached_events: int = Field(
         1024, ge=16, le=1_000_000, description="events waiting for a client attached to a stream; one further behind is closed"

@@ -35,7 +35,8 @@ def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
 
     # No resume here: a test that drops a connection must not leave a parked session (and its
     # frames) behind for the next test's leak checks; tests/socket/session/test_resume.py has its own.
-    # A WebRTC offer never answered is freed after 3 s (tests/socket/webrtc).
-    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0, webrtc_connect_timeout_s=3)
+    # A WebRTC offer never answered is freed after 3 s, a vanished peer within about 6 s (tests/socket/webrtc).
+    settings = Settings(model=str(tiny_model_dir), max_sessions=64, resume_grace_s=0, webrtc_connect_timeout_s=3,
+                        webrtc_peer_timeout_s=6)
     with run_server(settings) as running:
         yield running

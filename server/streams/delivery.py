@@ -5,7 +5,8 @@ A webhook is a JSON POST of the event, signed as payment webhooks are: the heade
 ``livesight-signature: t=<unix s>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` with the stream's
 secret, and ``livesight-event-id`` (the idempotency key: a receiver that saw it already can
 answer 2xx and do nothing). Any 2xx is taken; anything else, or no answer within
-``timeout_s``, is tried again later. One sender per server, ``concurrency`` posts at a time.
+``timeout_s``, is tried again later. One sender per server, ``concurrency`` posts at a time;
+servers sharing the outbox each claim the deliveries they try.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ log = logging.getLogger("livesight.streams")
 
 SIGNATURE_HEADER = "livesight-signature"
 EVENT_ID_HEADER = "livesight-event-id"
+#: A delivery is claimed for its try's timeout and this long: then it is due again (its server
+#: died while trying), for this server or another sharing the outbox.
+CLAIM_MARGIN_S = 5.0
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -103,8 +107,9 @@ class Sender:
                 added, freed = self.outbox.added, self._freed
                 room = self.limits.concurrency - len(self._flying)
                 if room > 0:
-                    due = await self.outbox.due(time.time() * 1000, room + len(self._flying))
-                    for delivery in [d for d in due if _key(d) not in self._flying][:room]:
+                    claim_ms = (self.limits.timeout_s + CLAIM_MARGIN_S) * 1000
+                    due = await self.outbox.due(time.time() * 1000, room, claim_ms)
+                    for delivery in [d for d in due if _key(d) not in self._flying]:
                         self._flying.add(_key(delivery))
                         tg.start_soon(self._deliver, delivery)
                 next_ms = await self.outbox.next_due_ms()

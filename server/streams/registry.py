@@ -4,14 +4,19 @@ delivery), ``DELETE``; ``GET /v1/streams/{id}/events`` (Server-Sent Events, resu
 ``Last-Event-ID``) and ``GET /v1/streams/{id}/moments/{moment}.jpg`` (a fire's evidence).
 
 Same auth as sessions; a stream belongs to the key that created it (another key gets 404).
-At most ``max_streams`` at a time (``429`` past that). A stream created through the API is
-kept in the outbox's database until deleted and pulled again after a restart. Streams given at
-start (``livesight serve --streams FILE``, YAML or JSON: a list of the POST bodies, or
-``{"streams": [...]}``) belong to no key and come from the file each time.
+A server pulls at most ``max_streams`` at a time (``429`` past that). Every stream is kept in
+the outbox's database until deleted, and pulled by the server that holds its lease: after a
+restart, or by another server sharing the database when its own stops or dies. Any of those
+servers answers for any stream (its status as its server last said, its events and evidence from
+the database; a change applied at its server's next lease round). Streams given at start
+(``livesight serve --streams FILE``, YAML or JSON: a list of the POST bodies, or
+``{"streams": [...]}``) belong to no key; the file names them (a stream dropped from the file is
+dropped from the database).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
@@ -32,10 +37,10 @@ from handlers.wire.errors import SessionError
 from server.auth import AccessPolicy
 from server.streams.delivery import payload
 from server.streams.mqtt import MqttLink
-from server.streams.outbox import Outbox
+from server.streams.outbox import KeptStream, Outbox
 from server.streams.source import checked_url
 from handlers.session.transport import ServeSession
-from server.streams.stream import Stream, StreamLimits, StreamSettings
+from server.streams.stream import Stream, StreamLimits, StreamSettings, redacted
 
 log = logging.getLogger("livesight.streams")
 
@@ -106,10 +111,12 @@ def _settings(body: StreamBody) -> StreamSettings:
 
 
 class Streams:
-    """The server's streams by id (``tg``: the server's task group, set while it serves)."""
+    """The streams this server pulls, by id, and the lease rounds that say which (``tg``: the
+    server's task group, set while it serves). Every stream is kept in the outbox's database;
+    servers sharing it each pull the streams they hold (see ``outbox.py``)."""
 
     def __init__(self, outbox: Outbox, limits: StreamLimits, max_streams: int, serve: ServeSession,
-                 max_message_bytes: int | None = None, mqtt: MqttLink | None = None) -> None:
+                 max_message_bytes: int | None = None, mqtt: MqttLink | None = None, lease_s: float = 15.0) -> None:
         self.outbox = outbox
         self.mqtt = mqtt
         if mqtt is not None:
@@ -118,11 +125,16 @@ class Streams:
         self.max_streams = max_streams
         self.serve = serve
         self.max_message_bytes = max_message_bytes
+        self.lease_s = lease_s
+        self.server_id = "srv_" + secrets.token_hex(6)  # this server's name on its leases
         self.streams: dict[str, Stream] = {}
+        self.revisions: dict[str, int] = {}  # the settings' revision each stream runs
         self.tg: TaskGroup | None = None
+        self._round = anyio.Lock()
+        self._closing = False
 
     def create(self, settings: StreamSettings, owner: str, stream_id: str | None = None) -> Stream:
-        """Start a stream. Raises ``OverflowError`` at ``max_streams``."""
+        """Start pulling a stream here. Raises ``OverflowError`` at ``max_streams``."""
         assert self.tg is not None, "the server is not serving"
         if len(self.streams) >= self.max_streams:
             raise OverflowError(f"the server pulls at most {self.max_streams} streams")
@@ -141,18 +153,62 @@ class Streams:
             stream.state = "failed"
 
     async def keep(self, stream: Stream) -> None:
-        """Keep a stream created through the API (its settings as they are now)."""
-        stream.kept = True
-        await self.outbox.keep_stream(stream.stream_id, stream.owner, asdict(stream.settings))
+        """Keep a stream's settings as they are now (a new one under this server's lease)."""
+        self.revisions[stream.stream_id] = await self.outbox.keep_stream(
+            stream.stream_id, stream.owner, asdict(stream.settings), self.server_id, self.lease_s)
 
-    async def restore(self) -> None:
-        """Pull again the streams kept before a restart (those that no longer fit, or no longer
-        check out, are logged and left kept)."""
-        for stream_id, owner, kept in await self.outbox.kept_streams():
+    async def give(self, given: list[StreamSettings]) -> None:
+        """The streams of the streams file: kept under ids their settings make (the same file
+        names the same streams on every server sharing the database)."""
+        await self.outbox.given_streams({given_id(settings): asdict(settings) for settings in given})
+
+    async def hold(self) -> None:
+        """Lease rounds for the server's life: the first at once, then every third of ``lease_s``."""
+        while not self._closing:
             try:
-                self.create(StreamSettings(**kept), owner, stream_id).kept = True
-            except (OverflowError, ValueError, TypeError) as exc:
-                log.warning("stream %s kept from before is not pulled: %s", stream_id, exc)
+                await self.hold_round()
+            except Exception as exc:  # noqa: BLE001 - the database is away: the next round tries again
+                log.warning("streams: a lease round failed: %r", exc)
+            await anyio.sleep(self.lease_s / 3)
+
+    async def hold_round(self) -> None:
+        """Renew the leases of the streams pulled here (stopping those lost or deleted
+        elsewhere, applying settings changed elsewhere) and take free streams while there is room."""
+        async with self._round:
+            if self._closing:
+                return
+            statuses = {stream_id: stream.status() for stream_id, stream in self.streams.items()}
+            holding = await self.outbox.hold(self.server_id, statuses, self.max_streams - len(self.streams),
+                                             self.lease_s)
+            changed = [sid for sid, revision in holding.revisions.items() if self.revisions.get(sid) != revision]
+            for stream_id in statuses.keys() - holding.revisions.keys():
+                log.info("stream %s: no longer this server's (deleted, or its lease ran out)", stream_id)
+                self.streams.pop(stream_id).stop()
+                self.revisions.pop(stream_id, None)
+            if changed:
+                kept = {k.stream_id: k for k in await self.outbox.kept_streams()}
+                for stream_id in changed:
+                    if stream_id in kept and stream_id in self.streams:
+                        self._apply(self.streams[stream_id], StreamSettings(**kept[stream_id].settings))
+                        self.revisions[stream_id] = kept[stream_id].revision
+            for taken in holding.taken:
+                try:
+                    self.create(StreamSettings(**taken.settings), taken.owner, taken.stream_id)
+                    self.revisions[taken.stream_id] = taken.revision
+                except (OverflowError, ValueError, TypeError) as exc:
+                    log.warning("stream %s is kept but not pulled: %s", taken.stream_id, exc)
+
+    async def close(self) -> None:
+        """Stop every stream and free their leases for the other servers at once."""
+        async with self._round:
+            self._closing = True
+            for stream in self.streams.values():
+                stream.stop()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.outbox.release(self.server_id)
+                except Exception as exc:  # noqa: BLE001 - the leases then run out instead
+                    log.warning("streams: leases not released: %r", exc)
 
     def check_delivery(self, deliver: dict[str, Any]) -> None:
         """Raises ``ValueError`` for a channel this server cannot deliver to."""
@@ -165,33 +221,92 @@ class Streams:
             await stream.announce()
 
     def get(self, stream_id: str, owner: str) -> Stream | None:
+        """A stream pulled here, when ``owner`` may see it."""
         stream = self.streams.get(stream_id)
-        return stream if stream is not None and (stream.owner == "" or stream.owner == owner) else None
+        return stream if stream is not None and _mine(stream.owner, owner) else None
 
-    async def delete(self, stream: Stream) -> None:
-        stream.stop()
-        self.streams.pop(stream.stream_id, None)
+    async def find(self, stream_id: str, owner: str) -> Stream | KeptStream | None:
+        """A stream pulled here, or one kept in the database that another server pulls (or
+        none yet), when ``owner`` may see it."""
+        local = self.get(stream_id, owner)
+        if local is not None:
+            return local
+        kept = next((k for k in await self.outbox.kept_streams() if k.stream_id == stream_id), None)
+        return kept if kept is not None and _mine(kept.owner, owner) else None
+
+    async def listing(self, owner: str) -> list[dict[str, Any]]:
+        """The statuses of every stream ``owner`` may see, wherever it is pulled."""
+        out = []
+        for kept in await self.outbox.kept_streams():
+            if _mine(kept.owner, owner):
+                local = self.streams.get(kept.stream_id)
+                out.append(self.status(local if local is not None else kept))
+        return out
+
+    def status(self, stream: Stream | KeptStream) -> dict[str, Any]:
+        """A stream's status; for one pulled elsewhere, what its server said at its last
+        renewal (``waiting`` while no server holds it)."""
+        if isinstance(stream, Stream):
+            return {**stream.status(), "server": self.server_id}
+        if stream.held and stream.status:
+            return {**stream.status, "server": stream.holder}
+        settings = StreamSettings(**stream.settings)
+        return {"stream_id": stream.stream_id, "name": settings.name, "source": redacted(settings.source),
+                "state": "waiting", "server": None,
+                "watches": [{"watch_id": w.get("watch_id"), "condition": w.get("condition")} for w in settings.watches]}
+
+    async def delete(self, stream: Stream | KeptStream) -> None:
+        """Delete a stream (one pulled elsewhere stops there at its server's next lease round)."""
+        if isinstance(stream, Stream):
+            stream.stop()
+            self.streams.pop(stream.stream_id, None)
+            self.revisions.pop(stream.stream_id, None)
         await self.outbox.forget(stream.stream_id)
 
-    def patch(self, stream: Stream, patch: StreamPatch) -> None:
-        """New watches replace the old (each deleted, each new one created); new delivery
-        settings apply to the events after."""
+    async def patch(self, stream: Stream | KeptStream, patch: StreamPatch) -> dict[str, Any]:
+        """New watches replace the old and/or new delivery settings apply to the events after;
+        kept at once, applied here or at the stream's server's next lease round. Returns its status."""
+        current = stream.settings if isinstance(stream, Stream) else StreamSettings(**stream.settings)
+        changed = StreamSettings(**{**asdict(current)})
         if patch.watches is not None:
-            _checked_config(stream.settings.config, patch.watches)
+            _checked_config(current.config, patch.watches)
+            changed.watches = list(patch.watches)
+        if patch.deliver is not None:
+            changed.deliver = patch.deliver.model_dump(exclude_none=True)
+            self.check_delivery(changed.deliver)
+        if isinstance(stream, Stream):
+            self._apply(stream, changed)
+            await self.keep(stream)
+            return self.status(stream)
+        await self.outbox.keep_stream(stream.stream_id, stream.owner, asdict(changed), None, self.lease_s)
+        status = self.status(stream)
+        return {**status, "watches": [{"watch_id": w.get("watch_id"), "condition": w.get("condition")}
+                                      for w in changed.watches]}
+
+    @staticmethod
+    def _apply(stream: Stream, settings: StreamSettings) -> None:
+        """A running stream takes new watches (each old one deleted, each new one created) and
+        delivery settings."""
+        if settings.watches != stream.settings.watches:
             for watch_id in list(stream.conditions):
                 stream.transport.control({"type": "watch.delete", "watch_id": watch_id})
-            for watch in patch.watches:
+            for watch in settings.watches:
                 stream.transport.control({"type": "watch.create", **watch})
-            stream.settings.watches = list(patch.watches)
-        if patch.deliver is not None:
-            deliver = patch.deliver.model_dump(exclude_none=True)
-            self.check_delivery(deliver)
-            stream.settings.deliver = deliver
+            stream.settings.watches = list(settings.watches)
+        if settings.deliver != stream.settings.deliver:
+            stream.settings.deliver = dict(settings.deliver)
             stream.announce_soon()
 
-    def stop_all(self) -> None:
-        for stream in self.streams.values():
-            stream.stop()
+
+def _mine(stream_owner: str, owner: str) -> bool:
+    """A stream of the streams file (no owner) is every key's; another belongs to its key."""
+    return stream_owner == "" or stream_owner == owner
+
+
+def given_id(settings: StreamSettings) -> str:
+    """The id of a stream of the streams file: a digest of its settings."""
+    digest = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()
+    return "str_" + digest[:16]
 
 
 def load_streams_file(path: Path) -> list[StreamSettings]:
@@ -233,11 +348,11 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
             return None
         return access.owner(request.headers, request.query_params)
 
-    def found(request: Request, stream_id: str) -> Stream | JSONResponse:
+    async def found(request: Request, stream_id: str) -> Stream | KeptStream | JSONResponse:
         owner = owner_of(request)
         if owner is None:
             return _error(401, "unauthorized", "a valid API key is required")
-        stream = streams.get(stream_id, owner)
+        stream = await streams.find(stream_id, owner)
         return stream if stream is not None else _error(404, "stream_not_found", "no such stream")
 
     @app.post(STREAMS_PATH)
@@ -262,7 +377,7 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
         except ValueError as exc:
             return _error(400, "invalid_stream", str(exc))
         await streams.keep(stream)
-        return JSONResponse(stream.status(), status_code=201,
+        return JSONResponse(streams.status(stream), status_code=201,
                             headers={"Location": f"{STREAMS_PATH}/{stream.stream_id}"})
 
     @app.get(STREAMS_PATH)
@@ -270,34 +385,31 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
         owner = owner_of(request)
         if owner is None:
             return _error(401, "unauthorized", "a valid API key is required")
-        mine = [s for s in streams.streams.values() if s.owner in ("", owner)]
-        return JSONResponse({"streams": [s.status() for s in mine]})
+        return JSONResponse({"streams": await streams.listing(owner)})
 
     @app.get(STREAMS_PATH + "/{stream_id}")
     async def one(stream_id: str, request: Request) -> Response:
-        stream = found(request, stream_id)
+        stream = await found(request, stream_id)
         if isinstance(stream, Response):
             return stream
-        return JSONResponse({**stream.status(), "deliveries": await streams.outbox.counts(stream_id)})
+        return JSONResponse({**streams.status(stream), "deliveries": await streams.outbox.counts(stream_id)})
 
     @app.patch(STREAMS_PATH + "/{stream_id}")
     async def patch(stream_id: str, request: Request) -> Response:
-        stream = found(request, stream_id)
+        stream = await found(request, stream_id)
         if isinstance(stream, Response):
             return stream
         try:
-            streams.patch(stream, StreamPatch.model_validate(await _body(request)))
+            status = await streams.patch(stream, StreamPatch.model_validate(await _body(request)))
         except ValidationError as exc:
             return _error(400, "invalid_stream", exc.errors()[0]["msg"])
         except ValueError as exc:
             return _error(400, "invalid_stream", str(exc))
-        if stream.kept:  # one of the API's (a stream of the file comes from the file)
-            await streams.keep(stream)
-        return JSONResponse(stream.status())
+        return JSONResponse(status)
 
     @app.delete(STREAMS_PATH + "/{stream_id}")
     async def delete(stream_id: str, request: Request) -> Response:
-        stream = found(request, stream_id)
+        stream = await found(request, stream_id)
         if isinstance(stream, Response):
             return stream
         await streams.delete(stream)
@@ -305,7 +417,7 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
 
     @app.get(STREAMS_PATH + "/{stream_id}/moments/{moment}.jpg")
     async def moment(stream_id: str, moment: str, request: Request) -> Response:
-        stream = found(request, stream_id)
+        stream = await found(request, stream_id)
         if isinstance(stream, Response):
             return stream
         event_id, _, n = moment.rpartition("-")
@@ -316,7 +428,7 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
 
     @app.get(STREAMS_PATH + "/{stream_id}/events")
     async def events(stream_id: str, request: Request) -> Response:
-        stream = found(request, stream_id)
+        stream = await found(request, stream_id)
         if isinstance(stream, Response):
             return stream
         last = request.headers.get("last-event-id") or request.query_params.get("last_event_id") or "0"

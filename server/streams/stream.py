@@ -180,13 +180,12 @@ class Stream:
         self._tg: TaskGroup | None = None
         self.ready_text: str | None = None  # the session's session.ready, as v1 says it
         self.ended = anyio.Event()  # the stream's session is over (attached clients are let go)
-        self.kept = False  # kept in the database (created through the API), pulled again after a restart
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         s = self.settings
         return {
-            "stream_id": self.stream_id, "name": s.name, "source": _redacted(s.source), "state": self.state,
+            "stream_id": self.stream_id, "name": s.name, "source": redacted(s.source), "state": self.state,
             "fps": s.fps, "loop": s.loop, "lookback_s": s.lookback_s,
             "frames_decoded": self.counts.decoded, "frames_skipped": self.counts.skipped,
             "frames_sampled": self.counts.sampled,
@@ -354,7 +353,7 @@ class Stream:
             self.errors.append({"at_ms": time.time() * 1000, "message": f"an event could not be kept: {exc}"})
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """A source URL without its password."""
     from urllib.parse import urlsplit, urlunsplit
 

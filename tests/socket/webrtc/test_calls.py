@@ -151,6 +151,31 @@ async def test_bad_offers_get_a_clear_400_and_abandoned_offers_are_freed(server:
         assert now["abandoned"] == before["abandoned"] + 1 and now["calls"] == before["calls"], (before, now)
 
 
+async def test_a_peer_that_vanishes_is_ended_when_it_misses_its_consent_checks(server: RunningServer) -> None:
+    """A peer whose network goes silent (its sockets closed: no hangup, no DTLS close, no
+    consent answers) is ended after three consent checks missed in a row, within a few times
+    webrtc_peer_timeout_s (6 s here), not aioice's 30 s; its call is freed."""
+    import httpx
+
+    timeout_s = server.app.state.calls.settings.webrtc_peer_timeout_s
+    peer = Peer(camera=PictureTrack(lambda n: np.full((120, 160, 3), 90, np.uint8), fps=5))
+    try:
+        assert (await peer.call(_base(server))).status_code == 201
+        await peer.next("session.created")
+        async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
+            calls = (await http.get("/metrics.json")).json()["webrtc"]["calls"]
+            ice = peer.pc.sctp.transport.transport
+            for protocol in ice._connection._protocols:  # gone without a word
+                protocol.transport.close()
+            loop = asyncio.get_running_loop()
+            vanished_at = loop.time()
+            while (await http.get("/metrics.json")).json()["webrtc"]["calls"] != calls - 1:
+                assert loop.time() - vanished_at < 3 * timeout_s, "the vanished peer's call is still there"
+                await asyncio.sleep(0.2)
+    finally:
+        await peer.close()
+
+
 async def test_ephemeral_keys_open_calls_and_sockets_bind_their_session_and_stale_ones_are_refused(
     server: RunningServer,
 ) -> None:
