@@ -28,7 +28,12 @@ def connect(path: Path, *, secure_delete: bool = False) -> sqlite3.Connection:
     """Open (creating it private when new) the SQLite file at ``path``. ``secure_delete``:
     freed pages are zeroed (deleted data leaves the disk)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    try:  # only a new file: closing any descriptor of a file drops every POSIX lock this process
+        # holds on it, the locks of this process's other connections to it included (SQLite
+        # would then let another process write under them: "disk I/O error", a malformed file)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    except FileExistsError:
+        pass
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         pragmas = ["busy_timeout = 10000", "journal_mode = WAL", "synchronous = NORMAL", "foreign_keys = ON"]

@@ -4,6 +4,7 @@ range, found by a condition and by text, served as keyframes, and forgotten on r
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from server.models.colour_frames import colour_clip
 from server.models.demo import DEMO_FAMILY, shipped_model_dir
 from server.settings import Settings
 from tests.protocol_client import Client, b64, connect
+from tests.sqlite_bytes import bytes_on_disk
 
 pytestmark = pytest.mark.anyio
 
@@ -149,11 +151,9 @@ async def test_past_scenes_are_answered_by_range_found_by_condition_and_text_the
         if store.backend != "sqlite":
             return
         database = Path(store.path)
-        with sqlite3.connect(database) as db:
+        with contextlib.closing(sqlite3.connect(database)) as db:
             assert db.execute("SELECT count(*) FROM moments WHERE session_id = ?", (session_id,)).fetchone() == (0,)
-        raw = database.read_bytes() + (database.with_name(database.name + "-wal").read_bytes()
-                                       if database.with_name(database.name + "-wal").exists() else b"")
-        assert jpeg.content[200:264] not in raw
+        assert jpeg.content[200:264] not in bytes_on_disk(database)
     finally:
         await client.ws.close()
 

@@ -19,6 +19,7 @@ from server.memory.factory import open_store
 from server.memory.postgres_store import PostgresMemoryStore
 from server.memory.sqlite_store import SqliteMemoryStore
 from server.memory.store import MAX_HANDLES_PER_SESSION, MemoryLimits, MemoryStore
+from tests.sqlite_bytes import bytes_on_disk
 
 pytestmark = pytest.mark.anyio
 
@@ -262,7 +263,7 @@ async def test_cleared_bytes_are_gone_from_the_sqlite_files(tmp_path: Path) -> N
     word = "xylophonequartzite"
 
     def on_disk() -> bytes:
-        return b"".join(p.read_bytes() for p in (store.path, Path(f"{store.path}-wal")) if p.exists())
+        return bytes_on_disk(Path(store.path))
 
     await store.open()
     try:
