@@ -331,32 +331,40 @@ class Session:
         turn of the event loop at most: the reader yields after every message, so a session
         with a backlog of buffered messages cannot hold the loop from the others."""
         async with frames, turns:
-            while True:
-                raw = await self._receive_or_idle()
-                await anyio.lowlevel.checkpoint()
-                try:
-                    events = raw.events if isinstance(raw, Decoded) else self.codec.decode(raw)
-                except SessionError as exc:
-                    if await self._within_budget(False):
-                        await self.report(exc)
+            try:
+                await self._read_lanes(frames, turns)
+            except anyio.BrokenResourceError:  # a lane ended first: the session is closing, and its
+                return  # own exception (a peer that reads nothing, a send that failed) says why
+
+    async def _read_lanes(self, frames: anyio.abc.ObjectSendStream[object],
+                          turns: anyio.abc.ObjectSendStream[object]) -> None:
+        """``_read``'s loop, until ``video.done``."""
+        while True:
+            raw = await self._receive_or_idle()
+            await anyio.lowlevel.checkpoint()
+            try:
+                events = raw.events if isinstance(raw, Decoded) else self.codec.decode(raw)
+            except SessionError as exc:
+                if await self._within_budget(False):
+                    await self.report(exc)
+                continue
+            if not all(isinstance(e, MEDIA) for e in events):
+                moves = any(isinstance(e, ANSWER_MOVES) for e in events)
+                if not await self._within_budget(moves, origin_of(events[0]) if events else None):
                     continue
-                if not all(isinstance(e, MEDIA) for e in events):
-                    moves = any(isinstance(e, ANSWER_MOVES) for e in events)
-                    if not await self._within_budget(moves, origin_of(events[0]) if events else None):
-                        continue
-                for event in events:
-                    self.observer.received(event)
-                    if isinstance(event, VideoFrame):
-                        await self._read_frame(frames, event)
-                        continue
-                    if not isinstance(event, AudioChunkIn):
-                        await self.executor.input(Read(event))  # control at once; a question stops the answer
-                    if isinstance(event, CONTROL):
-                        continue
-                    self.waiting_messages += 1
-                    await turns.send((event, time.monotonic(), self.frames_read))
-                    if isinstance(event, VideoDone):
-                        return
+            for event in events:
+                self.observer.received(event)
+                if isinstance(event, VideoFrame):
+                    await self._read_frame(frames, event)
+                    continue
+                if not isinstance(event, AudioChunkIn):
+                    await self.executor.input(Read(event))  # control at once; a question stops the answer
+                if isinstance(event, CONTROL):
+                    continue
+                self.waiting_messages += 1
+                await turns.send((event, time.monotonic(), self.frames_read))
+                if isinstance(event, VideoDone):
+                    return
 
     async def _within_budget(self, moves_answer: bool, origin: Origin | None = None) -> bool:
         """Take one control message from the session's budget (``rate_limit.py``): False when

@@ -152,6 +152,8 @@ class Calls:
     async def _run(self, call: Call, serve: Callable[[], Awaitable[None]]) -> None:
         try:
             await call.run(serve)
+        except Exception:  # noqa: BLE001 - one call's failure must not end the server (its task group)
+            log.exception("call %s failed", call.call_id)
         finally:
             self.abandoned += not call.connected
             self.calls.pop(call.call_id, None)

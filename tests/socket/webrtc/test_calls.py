@@ -176,6 +176,51 @@ async def test_a_peer_that_vanishes_is_ended_when_it_misses_its_consent_checks(s
         await peer.close()
 
 
+async def test_a_peer_that_reads_nothing_is_ended_and_freed(server: RunningServer) -> None:
+    """A peer whose channel takes nothing from the server (its SCTP drops every data chunk: no
+    acknowledgement, the server's bytes stay buffered) while it keeps asking for more (session
+    updates echoed in full) is ended once more than webrtc_max_buffered_bytes wait unsent for
+    SEND_WAIT_S; its call and session are freed and the server serves the next call."""
+    import httpx
+
+    from server.webrtc.call import SEND_WAIT_S
+
+    limit = server.app.state.calls.settings.webrtc_max_buffered_bytes
+    peer = Peer(camera=PictureTrack(lambda n: np.full((120, 160, 3), 90, np.uint8), fps=5))
+    try:
+        assert (await peer.call(_base(server))).status_code == 201
+        await peer.next("session.created")
+        async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
+            calls = (await http.get("/metrics.json")).json()["webrtc"]["calls"]
+
+            async def deaf(chunk: object) -> None:  # the server's data goes unread and unacknowledged
+                return None
+
+            peer.pc.sctp._receive_data_chunk = deaf
+            instructions = "x" * 19_000
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            sent = 0
+            while (await http.get("/metrics.json")).json()["webrtc"]["calls"] == calls:
+                if sent * len(instructions) < 2 * limit:
+                    for _ in range(20):
+                        peer.send({"type": "session.update", "session": {"type": "realtime",
+                                                                         "instructions": instructions + str(sent)}})
+                        sent += 1
+                assert loop.time() - started < SEND_WAIT_S + 60, "the deaf peer's call is still there"
+                await asyncio.sleep(0.5)
+            print(f"a deaf peer's call ended {loop.time() - started:.1f} s after it stopped reading "
+                  f"({sent} session updates of {len(instructions)} characters sent)")
+    finally:
+        await peer.close()
+    again = Peer(camera=PictureTrack(lambda n: np.full((120, 160, 3), 90, np.uint8), fps=5))
+    try:
+        assert (await again.call(_base(server))).status_code == 201
+        assert (await again.next("session.created"))["type"] == "session.created"
+    finally:
+        await again.close()
+
+
 async def test_ephemeral_keys_open_calls_and_sockets_bind_their_session_and_stale_ones_are_refused(
     server: RunningServer,
 ) -> None:
