@@ -118,6 +118,7 @@ def test_a_killed_servers_stream_moves_to_the_other_with_every_fire_delivered(
             took_s = time.monotonic() - killed_at
             assert moved["server"] != first_id and moved["watches"][0]["watch_id"] == "still", moved
             assert took_s < 5 * LEASE_S, f"taken {took_s:.1f} s after the kill with a {LEASE_S} s lease"
+            print(f"the stream was taken {took_s:.1f} s after its server was killed ({LEASE_S} s lease)")
             _until(lambda: any(r["body"]["type"] == "watch.fired" and r["body"]["at_ms"] > killed_ms
                                for r in receiver.accepted().values()), 60, "a fire of the new server")
             # no more fires; then every event kept (fires, narrations) is delivered, and nothing else
