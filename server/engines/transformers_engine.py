@@ -172,7 +172,9 @@ class TransformersEngine(Engine):
         New images are preprocessed first, one per job, as for ``prefill``; then the prompts
         are encoded in one job and run together over the session's cache, one model step per
         ``prefill_chunk_tokens`` of new tokens (a warm session's watches: one step), so
-        cancelling stops between steps and the cache is as it was either way.
+        cancelling stops between steps and the cache is as it was either way, but for new
+        frames all the prompts go on with after the whole cache, which it keeps (the warm
+        prefix's next frames: ``_check_step``).
         ``cached_tokens``: the prompt's tokens the session's cache already held. Raises
         ``EngineError``.
         """
@@ -299,15 +301,20 @@ class TransformersEngine(Engine):
         except BaseException:
             cache.clear()  # the KV tensors may hold part of this step
             raise
-        flat = positions.reshape(-1, len(ids)).max(dim=0).values
-        next_positions = (torch.cummax(flat, dim=0).values + 1).tolist()
-        next_positions = [max(n, cache.next_position) for n in next_positions]
-        owners = [p.image_key for p in pieces for _ in p.ids]
-        cache.append(ids, owners, next_positions)
+        self._kept(cache, pieces, positions)
         if work is not None:
             self.computed[work] += len(ids)
         self.budget.enforce(keep=session_id)
         return out.logits[0, -1].float().cpu()
+
+    @staticmethod
+    def _kept(cache: SessionCache, pieces: list[Piece], positions: torch.Tensor) -> None:
+        """Record ``pieces``, just written into the cache's tensors at ``positions``, in its books."""
+        ids = [i for p in pieces for i in p.ids]
+        flat = positions.reshape(-1, len(ids)).max(dim=0).values
+        next_positions = (torch.cummax(flat, dim=0).values + 1).tolist()
+        next_positions = [max(n, cache.next_position) for n in next_positions]
+        cache.append(ids, [p.image_key for p in pieces for _ in p.ids], next_positions)
 
     def _model_step(
         self, kv: Any, pieces: list[Piece], positions: torch.Tensor, mask: torch.Tensor | None = None,
@@ -359,6 +366,11 @@ class TransformersEngine(Engine):
         the step, each attending only to its shared prefix and to itself. Where the cache
         shares nothing with any prompt (a session without a warm prefix), the cache is not
         touched: the prompts run on a cache of their own.
+
+        Where every prompt holds the whole cache and goes on with the same new frames (a round
+        that came before the warm prefix took them: ``_fused_frames``), those frames run once,
+        first, every prompt attending to them, and stay in the cache: the round warms them, and
+        the prefix's next prefill finds them there instead of computing them again.
         """
         cache = self.budget.get(session_id)
         plans = [self._check_plan(cache, pieces) for pieces in prompts]
@@ -367,23 +379,34 @@ class TransformersEngine(Engine):
             plans = [self._check_plan(None, pieces) for pieces in prompts]
         held = cache.length if on_session else 0
         kv = cache.kv if on_session else new_cache(self.model.config)
-        todo = [p for _, rest, _ in plans for p in rest]
-        positions = torch.cat([pos for _, _, pos in plans], dim=-1)
+        frames = _fused_frames(plans, held) if on_session else []
+        fused = sum(len(p.ids) for p in frames)
+        frame_positions = plans[0][2][..., :fused]
+        if fused:  # the prompts go on after the frames they share
+            plans = [(shared, rest[len(frames):], pos[..., fused:]) for shared, rest, pos in plans]
+        todo = frames + [p for _, rest, _ in plans for p in rest]
+        positions = torch.cat([frame_positions] + [pos for _, _, pos in plans], dim=-1)
         lengths = [sum(len(p.ids) for p in rest) for _, rest, _ in plans]
-        ends = torch.tensor(lengths).cumsum(0) - 1
+        ends = torch.tensor(lengths).cumsum(0) - 1 + fused
         mask = None
         if len(plans) > 1 or plans[0][0] < held:
-            mask = _scratch_mask([shared for shared, _, _ in plans], lengths, held, self.model.dtype)
+            mask = _scratch_mask([shared for shared, _, _ in plans], lengths, held, self.model.dtype, fused)
+        kept = held
         try:
             out = self._model_step(kv, todo, positions, mask.to(self.model.device) if mask is not None else None,
                                    keep=ends.to(self.model.device))
+            kept = held + fused
         finally:
             if on_session:
                 try:
-                    crop_to(kv, held)
+                    crop_to(kv, kept)
                 except RuntimeError:  # a layer that cannot go back: the cache is lost, not wrong
                     cache.clear()
                     raise
+        if fused:
+            self._kept(cache, frames, frame_positions)
+            self.computed["warm"] += fused
+            self.budget.enforce(keep=session_id)
         self.computed["check"] += sum(lengths)
         probs = torch.softmax(out.logits[0].float(), dim=-1).cpu()
         return [
@@ -419,20 +442,38 @@ def _answer_probability(probs: torch.Tensor, yes_ids: torch.Tensor, no_ids: torc
     return yes_probability(yes, no)
 
 
-def _scratch_mask(shared: list[int], lengths: list[int], held: int, dtype: torch.dtype) -> torch.Tensor:
+def _scratch_mask(shared: list[int], lengths: list[int], held: int, dtype: torch.dtype, fused: int = 0) -> torch.Tensor:
     """The additive attention mask (1, 1, new tokens, ``held`` + new tokens) of a check step:
-    runs of ``lengths`` new tokens after a cache of ``held`` tokens, each run attending to the
-    first ``shared`` tokens of the cache (its own count) and causally to itself, to nothing
-    else."""
-    total = sum(lengths)
-    mask = torch.full((total, held + total), torch.finfo(dtype).min, dtype=dtype)
-    start = 0
+    ``fused`` new tokens first (frames every run shares: causal, after the whole cache), then
+    runs of ``lengths`` new tokens, each attending to the first ``shared`` tokens of the cache
+    (its own count), to the fused tokens and causally to itself, to nothing else."""
+    total = fused + sum(lengths)
+    low = torch.finfo(dtype).min
+    mask = torch.full((total, held + total), low, dtype=dtype)
+    mask[:fused, : held + fused] = torch.cat([torch.zeros(fused, held), torch.triu(torch.full((fused, fused), low), 1)], 1)
+    start = fused
     for prefix, n in zip(shared, lengths, strict=True):
         rows = slice(start, start + n)
         mask[rows, :prefix] = 0
-        mask[rows, held + start : held + start + n] = torch.triu(torch.full((n, n), torch.finfo(dtype).min), 1)
+        mask[rows, held : held + fused] = 0
+        mask[rows, held + start : held + start + n] = torch.triu(torch.full((n, n), low), 1)
         start += n
     return mask[None, None]
+
+
+def _fused_frames(plans: list[tuple[int, list[Piece], torch.Tensor]], held: int) -> list[Piece]:
+    """The new pieces every check prompt of ``plans`` starts with, through the last image among
+    them, when every prompt holds the session's whole cache of ``held`` tokens and goes on past
+    them; else none (nothing to keep: the frames are already cached, or differ)."""
+    if any(shared != held for shared, _, _ in plans):
+        return []
+    rests = [rest for _, rest, _ in plans]
+    first = rests[0]
+    common = 0
+    while all(len(rest) > common + 1 and rest[common] == first[common] for rest in rests):
+        common += 1
+    images = [k for k in range(common) if first[k].image_key is not None]
+    return first[: images[-1] + 1] if images else []
 
 
 def _images(prompt: Prompt) -> list[ImageSegment]:

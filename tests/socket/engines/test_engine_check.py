@@ -184,6 +184,34 @@ async def test_a_sessions_watches_are_one_model_step(rig: Rig) -> None:
         await engine.close()
 
 
+async def test_a_round_before_the_warm_prefix_warms_its_new_frame_once(rig: Rig) -> None:
+    """Watches checked on a frame the warm prefix has not taken yet (a busy model: the round went
+    first) compute that frame once, for every prompt, and keep it: each probability is a full
+    recompute's, the prefix's prefill of the frame then computes no image token, and the session
+    answers what a session that warmed the frame before its checks answers."""
+    prompts = [prompt_for(FRAMES[:3], q) for q in (RED, DOOR)]
+    answers = []
+    for session in ("round-first", "prefix-first"):
+        await warm(rig, session, 2)
+        before = dict(rig.engine.stats()["prompt_tokens_computed"])
+        if session == "round-first":
+            checked = await rig.check(session, *prompts)
+            for prompt, result in zip(prompts, checked, strict=True):
+                assert result.probability == pytest.approx(rig.probability(prompt), abs=TOLERANCE)
+            after_round = dict(rig.engine.stats()["prompt_tokens_computed"])
+            await rig.engine.prefill(session, prompt_for(FRAMES[:3]))
+            computed = rig.engine.stats()["prompt_tokens_computed"]
+            frame_tokens = after_round["warm"] - before.get("warm", 0)
+            assert frame_tokens > 0, "the round kept no frame"
+            assert computed["warm"] - after_round["warm"] < frame_tokens / 2, "the frame was computed again"
+        else:
+            await rig.engine.prefill(session, prompt_for(FRAMES[:3]))
+            await rig.check(session, *prompts)
+        answers.append(await ask(rig.engine, session, prompt_for(FRAMES[:3], "And now?")))
+    fused, plain = answers
+    assert fused.tokens == plain.tokens and fused.usage == plain.usage
+
+
 async def test_cancelled_check_leaves_the_cache_intact(rig: Rig) -> None:
     """A check of three prompts in three model steps (a step of one token at most, so one prompt a
     step) cancelled after its first step stops there, and the session answers as if no check had run."""
