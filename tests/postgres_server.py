@@ -151,3 +151,30 @@ def postgres_url() -> Iterator[str]:
         yield server.url
     finally:
         stop_postgres(server)
+
+
+async def create_database(admin_url: str, prefix: str) -> str:
+    """A new, empty database on the server of ``admin_url``; returns its URL (drop it with
+    ``drop_database``)."""
+    import uuid
+
+    import asyncpg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+async def drop_database(admin_url: str, url: str) -> None:
+    """Drop the database of ``url`` (made by ``create_database``), its connections and all."""
+    import asyncpg
+
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    finally:
+        await admin.close()

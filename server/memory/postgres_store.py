@@ -43,6 +43,7 @@ from server.memory.store import (
     stored_text,
     text_bytes,
 )
+from server.postgres_pool import open_pool
 
 #: The advisory lock key of the schema's creation and of store-wide deletions.
 _STORE_LOCK = 0x6C69766573696768  # "livesigh"
@@ -165,6 +166,13 @@ async def _usage(db: asyncpg.Connection, session_id: str | None) -> int:
     return await db.fetchval("SELECT bytes FROM livesight.sessions WHERE session_id = $1", session_id) or 0
 
 
+async def _create(db: asyncpg.Connection) -> None:
+    """The schema, where its newest table is missing (a database made before it gets the rest
+    again, each part idempotent)."""
+    if await db.fetchval("SELECT to_regclass('livesight.owners')") is None:
+        await db.execute(SCHEMA)
+
+
 class PostgresMemoryStore(MemoryStore):
     """The session memory in the PostgreSQL database at ``url``."""
 
@@ -186,17 +194,7 @@ class PostgresMemoryStore(MemoryStore):
     async def open(self) -> None:
         if self._pool is not None:
             return
-        pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self.max_connections)
-        try:
-            async with pool.acquire() as db, db.transaction():
-                await db.execute("SELECT pg_advisory_xact_lock($1)", _STORE_LOCK)
-                # The newest table: a database made before it gets the rest again, each part idempotent.
-                if await db.fetchval("SELECT to_regclass('livesight.owners')") is None:
-                    await db.execute(SCHEMA)
-        except BaseException:
-            await pool.close()
-            raise
-        self._pool = pool
+        self._pool = await open_pool(self.url, self.max_connections, _STORE_LOCK, _create)
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from server.streams.outbox import Delivery, Holding, KeptStream, Outbox, StreamEvent
+from server.postgres_pool import open_pool
 
 log = logging.getLogger("livesight.streams")
 
@@ -104,11 +105,8 @@ class PostgresOutbox(Outbox):
     async def open(self) -> None:
         if self._pool is not None:
             return
-        pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self.max_connections)
+        pool = await open_pool(self.url, self.max_connections, _SCHEMA_LOCK, lambda db: db.execute(SCHEMA))
         try:
-            async with pool.acquire() as db, db.transaction():
-                await db.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
-                await db.execute(SCHEMA)
             self._listener = await asyncpg.connect(self.url)
             await self._listener.add_listener(NOTIFY_CHANNEL, self._notified)
         except BaseException:

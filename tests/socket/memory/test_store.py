@@ -7,18 +7,17 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
-import asyncpg
 import pytest
 
 from server.memory.factory import open_store
 from server.memory.postgres_store import PostgresMemoryStore
 from server.memory.sqlite_store import SqliteMemoryStore
 from server.memory.store import MAX_HANDLES_PER_SESSION, MemoryLimits, MemoryStore
+from tests.postgres_server import create_database, drop_database
 from tests.sqlite_bytes import bytes_on_disk
 
 pytestmark = pytest.mark.anyio
@@ -41,15 +40,9 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     database), closes them and drops the database after the test."""
     url = None
     admin_url = None
-    database = f"memory_{uuid.uuid4().hex[:12]}"
     if request.param == "postgresql":
         admin_url = request.getfixturevalue("postgres_url")
-        admin = await asyncpg.connect(admin_url)
-        try:
-            await admin.execute(f'CREATE DATABASE "{database}"')
-        finally:
-            await admin.close()
-        url = admin_url.rsplit("/", 1)[0] + "/" + database
+        url = await create_database(admin_url, "memory")
     stores: list[MemoryStore] = []
 
     async def open_one(limits: MemoryLimits = ROOMY) -> MemoryStore:
@@ -61,12 +54,8 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     yield open_one
     for store in stores:
         await store.close()
-    if admin_url is not None:
-        admin = await asyncpg.connect(admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    if admin_url is not None and url is not None:
+        await drop_database(admin_url, url)
 
 
 @pytest.fixture

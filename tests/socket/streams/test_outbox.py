@@ -6,16 +6,15 @@ replace those of an earlier file."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
-import asyncpg
 import pytest
 
 from server.streams.outbox import Outbox
 from server.streams.outbox_factory import open_outbox
+from tests.postgres_server import create_database, drop_database
 
 pytestmark = pytest.mark.anyio
 
@@ -29,15 +28,9 @@ async def open_outbox_of(request: pytest.FixtureRequest, tmp_path: Path) -> Asyn
     """Opens outboxes of the test's backend on one fresh database; closes them and drops it after."""
     url = None
     admin_url = None
-    database = f"outbox_{uuid.uuid4().hex[:12]}"
     if request.param == "postgresql":
         admin_url = request.getfixturevalue("postgres_url")
-        admin = await asyncpg.connect(admin_url)
-        try:
-            await admin.execute(f'CREATE DATABASE "{database}"')
-        finally:
-            await admin.close()
-        url = admin_url.rsplit("/", 1)[0] + "/" + database
+        url = await create_database(admin_url, "outbox")
     opened: list[Outbox] = []
 
     async def open_one() -> Outbox:
@@ -49,12 +42,8 @@ async def open_outbox_of(request: pytest.FixtureRequest, tmp_path: Path) -> Asyn
     yield open_one
     for outbox in opened:
         await outbox.close()
-    if admin_url is not None:
-        admin = await asyncpg.connect(admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    if admin_url is not None and url is not None:
+        await drop_database(admin_url, url)
 
 
 async def test_a_stream_is_held_by_one_server_and_taken_by_another_when_its_lease_ends(

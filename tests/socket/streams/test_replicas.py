@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from server.background import ServedProcess, serve_process
 from server.bench.camera_servers import WebhookReceiver
 from server.bench.footage import write_colour_clip
+from tests.postgres_server import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,20 +33,11 @@ ALWAYS = {"threshold": 0, "clear_threshold": 0, "cooldown_s": 1}
 @pytest.fixture
 def database(postgres_url: str) -> Iterator[str]:
     """A fresh database on the run's PostgreSQL server, dropped after the test."""
-    name = f"replicas_{uuid.uuid4().hex[:12]}"
-
-    async def admin(statement: str) -> None:
-        db = await asyncpg.connect(postgres_url)
-        try:
-            await db.execute(statement)
-        finally:
-            await db.close()
-
-    anyio.run(admin, f'CREATE DATABASE "{name}"')
+    url = anyio.run(create_database, postgres_url, "replicas")
     try:
-        yield postgres_url.rsplit("/", 1)[0] + "/" + name
+        yield url
     finally:
-        anyio.run(admin, f'DROP DATABASE "{name}" WITH (FORCE)')
+        anyio.run(drop_database, postgres_url, url)
 
 
 def _events_in(url: str, stream_id: str) -> set[str]:

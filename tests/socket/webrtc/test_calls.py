@@ -5,7 +5,10 @@ answers are spoken on the outgoing track, and bad offers, hangups and keys behav
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import httpx
 import numpy as np
 import pytest
 
@@ -125,8 +128,6 @@ async def test_a_v1_call_speaks_protocol_v1_on_its_channel_with_the_camera_and_v
 async def test_bad_offers_get_a_clear_400_and_abandoned_offers_are_freed(server: RunningServer) -> None:
     """Not SDP, SDP with no media, a wrong content type: 400 naming the problem. An offer whose
     peer never connects is ended after webrtc_connect_timeout_s (3 s here) and counted."""
-    import httpx
-
     async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
         for body, kind, words in [("hello", "application/sdp", "not an SDP offer"),
                                   ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n",
@@ -151,29 +152,34 @@ async def test_bad_offers_get_a_clear_400_and_abandoned_offers_are_freed(server:
         assert now["abandoned"] == before["abandoned"] + 1 and now["calls"] == before["calls"], (before, now)
 
 
-async def test_a_peer_that_vanishes_is_ended_when_it_misses_its_consent_checks(server: RunningServer) -> None:
-    """A peer whose network goes silent (its sockets closed: no hangup, no DTLS close, no
-    consent answers) is ended after three consent checks missed in a row, within a few times
-    webrtc_peer_timeout_s (6 s here), not aioice's 30 s; its call is freed."""
-    import httpx
-
-    timeout_s = server.app.state.calls.settings.webrtc_peer_timeout_s
+@asynccontextmanager
+async def _one_call(server: RunningServer) -> AsyncIterator[tuple[Peer, httpx.AsyncClient, int]]:
+    """A call with a small camera, its session created; an HTTP client of the server; the
+    server's call count then (``/metrics.json``). The peer is closed after."""
     peer = Peer(camera=PictureTrack(lambda n: np.full((120, 160, 3), 90, np.uint8), fps=5))
     try:
         assert (await peer.call(_base(server))).status_code == 201
         await peer.next("session.created")
         async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
-            calls = (await http.get("/metrics.json")).json()["webrtc"]["calls"]
-            ice = peer.pc.sctp.transport.transport
-            for protocol in ice._connection._protocols:  # gone without a word
-                protocol.transport.close()
-            loop = asyncio.get_running_loop()
-            vanished_at = loop.time()
-            while (await http.get("/metrics.json")).json()["webrtc"]["calls"] != calls - 1:
-                assert loop.time() - vanished_at < 3 * timeout_s, "the vanished peer's call is still there"
-                await asyncio.sleep(0.2)
+            yield peer, http, (await http.get("/metrics.json")).json()["webrtc"]["calls"]
     finally:
         await peer.close()
+
+
+async def test_a_peer_that_vanishes_is_ended_when_it_misses_its_consent_checks(server: RunningServer) -> None:
+    """A peer whose network goes silent (its sockets closed: no hangup, no DTLS close, no
+    consent answers) is ended after three consent checks missed in a row, within a few times
+    webrtc_peer_timeout_s (6 s here), not aioice's 30 s; its call is freed."""
+    timeout_s = server.app.state.calls.settings.webrtc_peer_timeout_s
+    async with _one_call(server) as (peer, http, calls):
+        ice = peer.pc.sctp.transport.transport
+        for protocol in ice._connection._protocols:  # gone without a word
+            protocol.transport.close()
+        loop = asyncio.get_running_loop()
+        vanished_at = loop.time()
+        while (await http.get("/metrics.json")).json()["webrtc"]["calls"] != calls - 1:
+            assert loop.time() - vanished_at < 3 * timeout_s, "the vanished peer's call is still there"
+            await asyncio.sleep(0.2)
 
 
 async def test_a_peer_that_reads_nothing_is_ended_and_freed(server: RunningServer) -> None:
@@ -181,44 +187,31 @@ async def test_a_peer_that_reads_nothing_is_ended_and_freed(server: RunningServe
     acknowledgement, the server's bytes stay buffered) while it keeps asking for more (session
     updates echoed in full) is ended once more than webrtc_max_buffered_bytes wait unsent for
     SEND_WAIT_S; its call and session are freed and the server serves the next call."""
-    import httpx
-
     from server.webrtc.call import SEND_WAIT_S
 
     limit = server.app.state.calls.settings.webrtc_max_buffered_bytes
-    peer = Peer(camera=PictureTrack(lambda n: np.full((120, 160, 3), 90, np.uint8), fps=5))
-    try:
-        assert (await peer.call(_base(server))).status_code == 201
-        await peer.next("session.created")
-        async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
-            calls = (await http.get("/metrics.json")).json()["webrtc"]["calls"]
+    async with _one_call(server) as (peer, http, calls):
 
-            async def deaf(chunk: object) -> None:  # the server's data goes unread and unacknowledged
-                return None
+        async def deaf(chunk: object) -> None:  # the server's data goes unread and unacknowledged
+            return None
 
-            peer.pc.sctp._receive_data_chunk = deaf
-            instructions = "x" * 19_000
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            sent = 0
-            while (await http.get("/metrics.json")).json()["webrtc"]["calls"] == calls:
-                if sent * len(instructions) < 2 * limit:
-                    for _ in range(20):
-                        peer.send({"type": "session.update", "session": {"type": "realtime",
-                                                                         "instructions": instructions + str(sent)}})
-                        sent += 1
-                assert loop.time() - started < SEND_WAIT_S + 60, "the deaf peer's call is still there"
-                await asyncio.sleep(0.5)
-            print(f"a deaf peer's call ended {loop.time() - started:.1f} s after it stopped reading "
-                  f"({sent} session updates of {len(instructions)} characters sent)")
-    finally:
-        await peer.close()
-    again = Peer(camera=PictureTrack(lambda n: np.full((120, 160, 3), 90, np.uint8), fps=5))
-    try:
-        assert (await again.call(_base(server))).status_code == 201
-        assert (await again.next("session.created"))["type"] == "session.created"
-    finally:
-        await again.close()
+        peer.pc.sctp._receive_data_chunk = deaf
+        instructions = "x" * 19_000
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        sent = 0
+        while (await http.get("/metrics.json")).json()["webrtc"]["calls"] == calls:
+            if sent * len(instructions) < 2 * limit:
+                for _ in range(20):
+                    peer.send({"type": "session.update", "session": {"type": "realtime",
+                                                                     "instructions": instructions + str(sent)}})
+                    sent += 1
+            assert loop.time() - started < SEND_WAIT_S + 60, "the deaf peer's call is still there"
+            await asyncio.sleep(0.5)
+        print(f"a deaf peer's call ended {loop.time() - started:.1f} s after it stopped reading "
+              f"({sent} session updates of {len(instructions)} characters sent)")
+    async with _one_call(server):  # the server serves the next call
+        pass
 
 
 async def test_ephemeral_keys_open_calls_and_sockets_bind_their_session_and_stale_ones_are_refused(
@@ -229,7 +222,6 @@ async def test_ephemeral_keys_open_calls_and_sockets_bind_their_session_and_stal
     is refused on calls and sockets; bad requests are 400."""
     import json
 
-    import httpx
     import websockets
 
     async with httpx.AsyncClient(base_url=_base(server), timeout=30) as http:
@@ -273,7 +265,6 @@ async def test_cors_preflight_is_answered_for_the_sdks_headers_only(server: Runn
     preflight and its offer (403); the same origin needs none. The policy that admits an
     origin answers the headers OpenAI's SDK sends and exposes Location (unit-tested with
     AccessPolicy: tests/core/server/test_client_secrets.py covers keys)."""
-    import httpx
 
     from server.auth import AccessPolicy
     from server.webrtc.calls import ALLOWED_HEADERS, _cors
