@@ -180,6 +180,8 @@ async def test_a_peer_that_vanishes_is_ended_when_it_misses_its_consent_checks(s
         while (await http.get("/metrics.json")).json()["webrtc"]["calls"] != calls - 1:
             assert loop.time() - vanished_at < 3 * timeout_s, "the vanished peer's call is still there"
             await asyncio.sleep(0.2)
+        print(f"a vanished peer's call ended {loop.time() - vanished_at:.1f} s after it went silent "
+              f"(webrtc_peer_timeout_s {timeout_s})")
 
 
 async def test_a_peer_that_reads_nothing_is_ended_and_freed(server: RunningServer) -> None:
