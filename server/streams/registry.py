@@ -152,6 +152,20 @@ class Streams:
             log.exception("stream %s failed", stream.stream_id)
             stream.state = "failed"
 
+    async def start(self, settings: StreamSettings, owner: str) -> Stream:
+        """A new stream of the API: pulled here and kept under this server's lease, between two
+        lease rounds (a round in between would find it in no lease and stop it). Raises
+        ``OverflowError`` at ``max_streams``, ``ValueError`` for settings that do not check out."""
+        async with self._round:
+            stream = self.create(settings, owner)
+            try:
+                await self.keep(stream)
+            except BaseException:
+                stream.stop()
+                self.streams.pop(stream.stream_id, None)
+                raise
+            return stream
+
     async def keep(self, stream: Stream) -> None:
         """Keep a stream's settings as they are now (a new one under this server's lease)."""
         self.revisions[stream.stream_id] = await self.outbox.keep_stream(
@@ -371,12 +385,11 @@ def add_stream_routes(app: FastAPI, streams: Streams, access: AccessPolicy, drai
         except ValueError as exc:
             return _error(400, "invalid_stream", str(exc))
         try:
-            stream = streams.create(settings, owner)
+            stream = await streams.start(settings, owner)
         except OverflowError as exc:
             return _error(429, "too_many_streams", str(exc))
         except ValueError as exc:
             return _error(400, "invalid_stream", str(exc))
-        await streams.keep(stream)
         return JSONResponse(streams.status(stream), status_code=201,
                             headers={"Location": f"{STREAMS_PATH}/{stream.stream_id}"})
 
