@@ -95,7 +95,7 @@ bench: $(STAMP)
 WEIGHTS := server/models/weights
 demo-models: $(STAMP)
 	rm -rf $(WEIGHTS)/colours-qwen2_5_vl $(WEIGHTS)/colours-idefics3
-	HF_HUB_OFFLINE=1 $(BIN)/livesight make-tiny-model $(WEIGHTS)/colours-qwen2_5_vl --family qwen2_5_vl --task colours & \
+	HF_HUB_OFFLINE=1 $(BIN)/livesight make-tiny-model $(WEIGHTS)/colours-qwen2_5_vl --family qwen2_5_vl --task colours --seed 2 & \
 	qwen=$$!; \
 	HF_HUB_OFFLINE=1 $(BIN)/livesight make-tiny-model $(WEIGHTS)/colours-idefics3 --family idefics3 --task colours; \
 	idefics3=$$?; wait $$qwen && test $$idefics3 = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.init_std is not None:
             parser.error("--init-std is for --task random")
+        from server.models.colours import portable_numerics_missing
+
+        env = portable_numerics_missing()
+        if env:  # the kernels are chosen when torch first computes: start again with them fixed
+            argv = sys.argv[1:] if argv is None else argv
+            os.execve(sys.executable, [sys.executable, "-m", "server.cli", *argv], env)
         if args.retrace:
             return retrace(args.dir)
         path = make_colours_model(args.dir, family=args.family, seed=args.seed)

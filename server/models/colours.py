@@ -20,7 +20,8 @@ the accuracy is measured at that size, on prompts of one to four frames and of 1
 
 The answer tokens, the accuracy on held-out frames and how the model was trained go into
 ``livesight_demo.json`` (``task: "colours"``); ``read_colours_card`` reads them back.
-Training is deterministic given the seed (the thread count is fixed), and the card records
+Training is deterministic given the seed (the thread count and the kernels are fixed:
+``PORTABLE_NUMERICS``), and the card records
 fingerprints of the weights on the way, so ``retrace_colours_model`` shows in a third of the
 time that this recipe makes a given model.
 """
@@ -65,6 +66,29 @@ TRAIN_SHAPE = TinyShape(vocab=900, qwen_min_tokens=4, qwen_max_tokens=12, idefic
 # (the held-out accuracy is measured at this size). Idefics3 stays at its training size: its
 # vision tower's positions are sized for it.
 COLOURS_SHAPE = replace(TRAIN_SHAPE, qwen_max_tokens=72)
+
+#: The environment training runs in (``livesight make-tiny-model --task colours`` starts itself
+#: again in it): the same kernels on every x86-64 CPU with AVX2 (torch's own capped at AVX2,
+#: MKL's matrix products on its path for any processor, oneDNN's capped at AVX2, and off while
+#: training: ``_training_threads``), so the weights do not depend on the CPU that trains them.
+#: Left to choose, each library takes the CPU's widest path (AVX-512 where there is one), and
+#: its sums round differently there.
+PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def portable_numerics_missing() -> dict[str, str]:
+    """``PORTABLE_NUMERICS`` with this process's environment over it, when the environment lacks
+    any of it on an x86-64 machine (read once when torch first computes: only a new process
+    takes it); ``{}`` when it holds them, or on another architecture."""
+    import os
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    if all(os.environ.get(k) == v for k, v in PORTABLE_NUMERICS.items()):
+        return {}
+    return {**os.environ, **PORTABLE_NUMERICS}
+
 
 # One thread: on two cores shared with other work, two threads made a training step 5-12 times
 # slower (each tiny operation waits for the busier core), and a fixed count keeps it deterministic.
@@ -190,11 +214,13 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
 
 @contextmanager
 def _training_threads(seed: int) -> Iterator[None]:
-    """``TRAIN_THREADS`` torch threads and torch's generator seeded, both restored after."""
+    """``TRAIN_THREADS`` torch threads, torch's generator seeded and oneDNN off (its kernels size
+    their blocks by the CPU's caches: a convolution then sums in another order; without it
+    torch's own kernels and MKL do the work), all restored after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(TRAIN_THREADS)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), torch.backends.mkldnn.flags(enabled=False):
             torch.manual_seed(seed)
             yield
     finally:
