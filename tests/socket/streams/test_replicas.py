@@ -115,12 +115,13 @@ def test_a_killed_servers_stream_moves_to_the_other_with_every_fire_delivered(
             # no more fires; then every event kept (fires, narrations) is delivered, and nothing else
             assert httpx.patch(f"{second.http_url}/v1/streams/{stream_id}", timeout=30,
                                json={"watches": []}).status_code == 200
-            kept = _until(lambda: (k := _events_in(database, stream_id)) == set(receiver.accepted())
+            _until(lambda: (k := _events_in(database, stream_id)) == set(receiver.accepted())
                           and _status(second, stream_id)["deliveries"].get("pending", 0) == 0 and k, 60,
                           "every event kept, delivered")
             fired_before = [r for r in receiver.accepted().values() if r["body"]["at_ms"] < killed_ms]
             assert len(fired_before) >= 2, "the fires the killed server kept were delivered by the other"
-            assert {r["event_id"] for r in receiver.requests} <= kept  # nothing else was sent
+            sent = {r["event_id"] for r in receiver.requests}  # a narration may still be on its way:
+            assert sent <= _events_in(database, stream_id)  # nothing was sent that was not kept first
             assert all(r["signed"] for r in receiver.requests)
     finally:
         receiver.close()
