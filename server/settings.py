@@ -111,6 +111,10 @@ class Settings(BaseSettings):
         10, ge=0, le=19, description="the embedded engine's model thread runs this many nice steps below the "
         "server (Linux), so intake and acks come first when the cores are full"
     )
+    model_threads: int = Field(
+        0, ge=0, le=1024, description="torch threads for the embedded engine's model steps; 0: one for a model of "
+        "under 50M parameters (its steps are too small to share: a second thread only spins), else torch's default"
+    )
     max_history_turns: int = Field(
         4, ge=0, le=64, description="older questions and answers (whose frames have left) kept in the prompt, as text"
     )

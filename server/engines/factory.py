@@ -64,6 +64,7 @@ def create_engine(settings: Settings) -> Engine:
         max_image_side=settings.max_image_side,
         max_cached_images=settings.max_cached_images,
         model_nice=settings.model_nice,
+        model_threads=settings.model_threads,
         yield_to=blocking.frames_busy,
         max_yield_ms=settings.model_yield_ms,
         kv_shift=settings.kv_shift,
