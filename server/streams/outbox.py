@@ -66,10 +66,12 @@ class KeptStream:
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """A lease round: the revisions of the streams this server still holds, and those it took."""
+    """A lease round: the revisions of the streams this server still holds, those it took, and
+    the seconds until the first lease another server holds runs out (None: none does)."""
 
     revisions: dict[str, int]
     taken: list[KeptStream]
+    next_expiry_s: float | None = None
 
 
 class Outbox(ABC):

@@ -233,8 +233,12 @@ class PostgresOutbox(Outbox):
                 "  ORDER BY created LIMIT $3 FOR UPDATE SKIP LOCKED)"
                 " RETURNING created, stream_id, owner, settings, revision, holder, true AS held, NULL AS status, given",
                 holder, float(lease_s), max(room, 0))
+            expiry = await db.fetchval(
+                "SELECT extract(epoch FROM min(lease_until) - clock_timestamp()) FROM livesight.streams"
+                " WHERE holder IS NOT NULL AND holder <> $1 AND lease_until > clock_timestamp()", holder)
         return Holding({r["stream_id"]: r["revision"] for r in renewed},
-                       [_kept(r) for r in sorted(taken, key=lambda r: r["created"])])
+                       [_kept(r) for r in sorted(taken, key=lambda r: r["created"])],
+                       None if expiry is None else max(0.0, float(expiry)))
 
     async def release(self, holder: str) -> None:
         async with self.pool.acquire() as db:

@@ -184,8 +184,11 @@ class _Database(sqlite_file.SqliteFile):
                 (now_ms, max(room, 0))).fetchall()
             db.executemany("UPDATE streams SET holder = ?, lease_until_ms = ? WHERE stream_id = ?",
                            [(holder, until_ms, r[0]) for r in rows])
+            expiry_ms = db.execute(
+                "SELECT min(lease_until_ms) FROM streams WHERE holder IS NOT NULL AND holder <> ? AND lease_until_ms > ?",
+                (holder, now_ms)).fetchone()[0]
         taken = [KeptStream(r[0], r[1], json.loads(r[2]), r[3], holder, True, None, bool(r[7])) for r in rows]
-        return Holding(revisions, taken)
+        return Holding(revisions, taken, None if expiry_ms is None else (expiry_ms - now_ms) / 1000)
 
     def release(self, holder: str) -> None:
         self.db.execute("UPDATE streams SET holder = NULL, lease_until_ms = 0 WHERE holder = ?", (holder,))

@@ -44,6 +44,9 @@ from server.streams.stream import Stream, StreamLimits, StreamSettings, redacted
 
 log = logging.getLogger("livesight.streams")
 
+#: How long after another server's lease runs out this one's next round comes.
+LEASE_SLACK_S = 0.05
+
 STREAMS_PATH = "/v1/streams"
 MAX_BODY_BYTES = 256 * 1024
 #: How often an idle event stream says it is alive (an SSE comment).
@@ -177,20 +180,26 @@ class Streams:
         await self.outbox.given_streams({given_id(settings): asdict(settings) for settings in given})
 
     async def hold(self) -> None:
-        """Lease rounds for the server's life: the first at once, then every third of ``lease_s``."""
+        """Lease rounds for the server's life: the first at once, then every third of ``lease_s``,
+        or sooner, just after another server's lease runs out (while this one has room): a dead
+        server's stream moves within a lease time of its last renewal."""
         while not self._closing:
+            wait_s = self.lease_s / 3
             try:
-                await self.hold_round()
+                expiry_s = await self.hold_round()
+                if expiry_s is not None and len(self.streams) < self.max_streams:
+                    wait_s = min(wait_s, expiry_s + LEASE_SLACK_S)
             except Exception as exc:  # noqa: BLE001 - the database is away: the next round tries again
                 log.warning("streams: a lease round failed: %r", exc)
-            await anyio.sleep(self.lease_s / 3)
+            await anyio.sleep(wait_s)
 
-    async def hold_round(self) -> None:
+    async def hold_round(self) -> float | None:
         """Renew the leases of the streams pulled here (stopping those lost or deleted
-        elsewhere, applying settings changed elsewhere) and take free streams while there is room."""
+        elsewhere, applying settings changed elsewhere) and take free streams while there is room.
+        Returns the seconds until another server's first lease runs out (None: none)."""
         async with self._round:
             if self._closing:
-                return
+                return None
             statuses = {stream_id: stream.status() for stream_id, stream in self.streams.items()}
             holding = await self.outbox.hold(self.server_id, statuses, self.max_streams - len(self.streams),
                                              self.lease_s)
@@ -211,6 +220,7 @@ class Streams:
                     self.revisions[taken.stream_id] = taken.revision
                 except (OverflowError, ValueError, TypeError) as exc:
                     log.warning("stream %s is kept but not pulled: %s", taken.stream_id, exc)
+            return holding.next_expiry_s
 
     async def close(self) -> None:
         """Stop every stream and free their leases for the other servers at once."""

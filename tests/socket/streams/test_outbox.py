@@ -55,6 +55,7 @@ async def test_a_stream_is_held_by_one_server_and_taken_by_another_when_its_leas
     await a.keep_stream("str_2", "owner", SETTINGS, None, lease_s=1.0)  # kept, held by nobody
     taken = await b.hold("srv_b", {}, room=5, lease_s=30.0)
     assert [k.stream_id for k in taken.taken] == ["str_2"] and taken.taken[0].settings == SETTINGS
+    assert taken.next_expiry_s is not None and 0 < taken.next_expiry_s <= 1.0  # srv_a's lease of str_1
     held = await a.hold("srv_a", {"str_1": {"state": "live"}}, room=5, lease_s=1.0)
     assert held.revisions == {"str_1": 1} and held.taken == []
     listed = {k.stream_id: k for k in await b.kept_streams()}

@@ -104,12 +104,16 @@ def test_a_killed_servers_stream_moves_to_the_other_with_every_fire_delivered(
             first.proc.wait(10)
             killed_at, killed_ms = time.monotonic(), time.time() * 1000
             receiver.failures = 0
+            _until(lambda: _status(second, stream_id).get("server") != first_id, 60, "the stream's lease taken")
+            leased_s = time.monotonic() - killed_at
             moved = _until(lambda: (s := _status(second, stream_id)).get("server") != first_id
                            and s.get("frames_sampled", 0) > 0 and s, 60, "the stream taken by the other server")
             took_s = time.monotonic() - killed_at
             assert moved["server"] != first_id and moved["watches"][0]["watch_id"] == "still", moved
             assert took_s < 5 * LEASE_S, f"taken {took_s:.1f} s after the kill with a {LEASE_S} s lease"
-            print(f"the stream was taken {took_s:.1f} s after its server was killed ({LEASE_S} s lease)")
+            assert leased_s < 2 * LEASE_S, f"leased {leased_s:.1f} s after the kill with a {LEASE_S} s lease"
+            print(f"the stream's lease was taken {leased_s:.1f} s after its server was killed ({LEASE_S} s lease), "
+                  f"its first frame sampled there {took_s:.1f} s after")
             _until(lambda: any(r["body"]["type"] == "watch.fired" and r["body"]["at_ms"] > killed_ms
                                for r in receiver.accepted().values()), 60, "a fire of the new server")
             # no more fires; then every event kept (fires, narrations) is delivered, and nothing else
