@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 import contextlib
 from contextlib import contextmanager
@@ -36,7 +37,9 @@ def connect(path: Path, *, secure_delete: bool = False) -> sqlite3.Connection:
         pass
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        pragmas = ["busy_timeout = 10000", "journal_mode = WAL", "synchronous = NORMAL", "foreign_keys = ON"]
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        _write_ahead(db)
+        pragmas = ["synchronous = NORMAL", "foreign_keys = ON"]
         if secure_delete:
             pragmas.append("secure_delete = ON")
         for pragma in pragmas:
@@ -45,6 +48,26 @@ def connect(path: Path, *, secure_delete: bool = False) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+#: How long a connection waits for another's lock.
+BUSY_TIMEOUT_S = 10.0
+
+
+def _write_ahead(db: sqlite3.Connection) -> None:
+    """Put the file in WAL mode (kept in the file: once is enough). The switch needs the file to
+    itself, and SQLite answers "database is locked" at once, without waiting, while another
+    connection opens it: tried again for up to ``BUSY_TIMEOUT_S``."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager
